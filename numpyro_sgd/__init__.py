@@ -1,0 +1,25 @@
+"""numpyro_sgd: scalable stochastic-gradient samplers for NumPyro models."""
+
+from .base import SGKernel, SGState
+from .constant_sgd import ConstantSGD, ConstantSGDState
+from .diagnostics import fit_gaussian, gaussian_kl
+from .potential import PlateInfo, SubsampledPotential
+from .sgld import SGLD, SGLDState, robbins_monro
+from .theory import lyapunov_covariance
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConstantSGD",
+    "ConstantSGDState",
+    "PlateInfo",
+    "SGKernel",
+    "SGLD",
+    "SGLDState",
+    "SGState",
+    "SubsampledPotential",
+    "fit_gaussian",
+    "gaussian_kl",
+    "lyapunov_covariance",
+    "robbins_monro",
+]

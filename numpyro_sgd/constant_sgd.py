@@ -1,0 +1,283 @@
+"""Constant-rate SGD as approximate Bayesian inference (Mandt, Hoffman & Blei 2017, Sec. 3).
+
+Algorithm (ALGORITHMS.md, "ConstantSGD"):
+
+    warmup   move to the mode region (Adam, then preconditioned SGD) while estimating the
+             gradient-noise covariance C online (Eq. 25 / within-minibatch covariance);
+             freeze the KL-optimal preconditioner H (Thm. 1, Cor. 1, Thm. 2, App. E);
+    sample   θ_{t+1} = θ_t − H ĝ_S(θ_t)                                  (Eq. 15)
+             or, with momentum,  v ← (1 − μ) v − μ H ĝ_S;  θ ← θ + v     (Eq. 27, Sec. 3.3)
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import NamedTuple
+
+import jax.numpy as jnp
+import optax
+from numpyro.infer.initialization import init_to_uniform
+from numpyro.util import find_stack_level
+
+from .base import SGKernel
+from .noise import (
+    NOISE_ESTIMATORS,
+    PRECONDITIONERS,
+    NoiseState,
+    discrete_time_correction,
+    kl_optimal_preconditioner,
+    noise_estimator,
+)
+
+__all__ = ["ConstantSGD", "ConstantSGDState", "constant_sgd_step"]
+
+
+class ConstantSGDState(NamedTuple):
+    """Kernel state of :class:`ConstantSGD` (one chain)."""
+
+    #: P = H/N, frozen at the end of warmup: shape () scalar, (D,) diag/sqrt, (D, D) full;
+    #: includes the momentum factor μ
+    preconditioner: jnp.ndarray
+    #: ε in Mandt's units (H = ε B), the KL-optimal ε* unless ``step_size`` was given
+    step_size: jnp.ndarray
+    #: user override of ε (NaN: use ε*)
+    user_step_size: jnp.ndarray
+    #: momentum damping μ ∈ (0, 1] (1: plain SGD)
+    momentum: jnp.ndarray
+    #: velocity v of the momentum update (zeros without momentum)
+    velocity: jnp.ndarray
+    #: discrete-time factor c replacing 2 in H* (see :func:`~numpyro_sgd.noise.discrete_time_correction`)
+    correction: jnp.ndarray
+    #: estimated gradient-noise covariance Q of ∇Û_S (diag (D,) or full (D, D)), frozen after warmup
+    noise_cov: jnp.ndarray
+    #: running state of the noise estimator (warmup)
+    noise_state: NoiseState
+    #: optax Adam state for the first warmup phase
+    adam_state: tuple
+    #: EMA of the uncentred per-example second moment (diagonal), the warmup preconditioner
+    second_moment: jnp.ndarray
+    #: warmup SG step at which Adam hands over to preconditioned SGD
+    adam_steps: jnp.ndarray
+    #: warmup SG step from which the noise covariance is averaged
+    window_start: jnp.ndarray
+    #: Adam learning rate at the start and at the end of its phase (exponential decay)
+    adam_lr: jnp.ndarray
+    #: largest |Δθ_k| of a warmup step in the second phase
+    warmup_max_step: jnp.ndarray
+
+
+def constant_sgd_step(theta, velocity, grad, preconditioner, momentum):
+    """One sampling step, Mandt et al. Eq. 15 / Eq. 27 (H = N P, ĝ_S = ∇Û_S / N).
+
+    v ← (1 − μ) v − P ∇Û_S   (at the optimum P carries the factor μ: ε_μ = μ ε*, Eq. 31)
+    θ ← θ + v                (μ = 1: θ ← θ − P ∇Û_S, Eq. 15)
+    """
+    step = preconditioner @ grad if jnp.ndim(preconditioner) == 2 else preconditioner * grad
+    velocity = (1.0 - momentum) * velocity - step
+    return theta + velocity, velocity
+
+
+class ConstantSGD(SGKernel):
+    """Constant SGD tuned so its stationary distribution is KL-closest to the posterior.
+
+    **References:**
+
+    1. *Stochastic Gradient Descent as Approximate Bayesian Inference*, S. Mandt, M. D. Hoffman,
+       D. M. Blei, JMLR 18 (2017): Eq. 15 (update), Thm. 1 / Eq. 18 (scalar ε*), Cor. 1
+       (diagonal), Thm. 2 / Eq. 20 (full), App. E / Eq. 64 (square-root), Sec. 3.3 / Eq. 27–31
+       (momentum), Eq. 25 (online noise estimate).
+
+    =====================  ============================================================
+    paper                  here
+    =====================  ============================================================
+    ε, H = ε B             ``step_size`` (default: the KL-optimal ε*), ``preconditioner``
+    C = BBᵀ (per datum)    estimated in warmup, ``noise_estimator``; stored as Q = N² C/S
+    S, N                   the model's ``numpyro.plate(..., N, subsample_size=S)``
+    μ (damping)            ``momentum`` (1 = no momentum)
+    =====================  ============================================================
+
+    Warmup (``num_warmup * steps_per_sample`` SG steps), after ALGORITHMS.md's measured facts:
+    the first ``adam_fraction`` of warmup runs Adam (β₂ = 0.99, learning rate decaying
+    exponentially from ``adam_lr[0]`` to ``adam_lr[1]``); then constant-SGD steps preconditioned
+    by a running (EMA 0.99) uncentred second moment of the per-example gradients, each
+    coordinate's step clipped to ``warmup_max_step``. The noise covariance is averaged over the
+    last ``noise_window`` fraction of warmup and H is frozen at the end of warmup. Per-example
+    gradients are only computed during warmup; a sampling step costs one minibatch gradient.
+
+    .. note:: **Discrete-time correction.** The continuous-time optimum H* = (2S/N) C⁻¹ gives a
+       stationary covariance C⁻¹/(N − S) in discrete time with i.i.d. minibatches (10 % too
+       wide at S/N = 0.1). The factor 2 is replaced by c = 2/(f + S/N), f = 1 with replacement
+       and (N − S)/(N − 1) without, which makes the full variant exact when the Hessian equals
+       the Fisher (:func:`~numpyro_sgd.noise.discrete_time_correction`). The same c is used for
+       the other preconditioners (where it is a small, conservative change). Set
+       ``discrete_time_correction=False`` for the paper's continuous-time rates.
+
+    .. note:: **Momentum.** Only ε/μ shapes the stationary law (Eq. 31), so the preconditioner is
+       multiplied by μ; the discrete-time correction is the one derived without momentum.
+
+    .. warning:: The diagonal variant at its optimal rate mixes very slowly when the posterior
+       is strongly correlated (ALGORITHMS.md); prefer ``"full"`` there.
+
+    :param model: NumPyro model with a subsample plate.
+    :param str preconditioner: ``"scalar"``, ``"diag"``, ``"full"`` or ``"sqrt"`` (default ``"diag"``).
+    :param float step_size: ε in Mandt's units overriding ε* (optional).
+    :param float momentum: damping μ ∈ (0, 1]; 1 (default) is plain SGD.
+    :param str noise_estimator: ``"minibatch"`` (default if every S ≥ 2), ``"eq25"`` or
+        ``"pooled"`` (default if some S = 1); see :mod:`numpyro_sgd.noise`.
+    :param bool discrete_time_correction: use c = 2/(f + S/N) instead of 2 (default True).
+    :param float adam_fraction: fraction of warmup run by Adam (default 0.4).
+    :param float noise_window: final fraction of warmup over which C is averaged (default 0.4).
+    :param tuple adam_lr: Adam's learning rate at the start and end of its phase (default (0.1, 1e-3)).
+    :param float warmup_max_step: clip of each coordinate of a post-Adam warmup step (default 1.0).
+    :param kwargs: see :class:`~numpyro_sgd.base.SGKernel` (``steps_per_sample``, ``subsample``,
+        ``warmup_subsample``, ``init_strategy``).
+
+    .. doctest::
+
+        >>> import jax, numpyro, numpyro.distributions as dist
+        >>> from numpyro.infer import MCMC
+        >>> from numpyro_sgd import ConstantSGD
+        >>> y = jax.random.normal(jax.random.key(1), (2000,)) + 3.0
+        >>> def model(y):
+        ...     mu = numpyro.sample("mu", dist.Normal(0, 10))
+        ...     with numpyro.plate("data", y.shape[0], subsample_size=100) as idx:
+        ...         numpyro.sample("y", dist.Normal(mu, 1), obs=y[idx])
+        >>> mcmc = MCMC(ConstantSGD(model), num_warmup=500, num_samples=2000, progress_bar=False)
+        >>> mcmc.run(jax.random.key(0), y)
+        >>> sd = float(mcmc.get_samples()["mu"].std())  # posterior sd is 1/sqrt(2000) = 0.022
+        >>> bool(0.015 < sd < 0.03)
+        True
+    """
+
+    def __init__(self, model, preconditioner="diag", *, step_size=None, momentum=1.0,
+                 noise_estimator=None, discrete_time_correction=True, adam_fraction=0.4,
+                 noise_window=0.4, adam_lr=(0.1, 1e-3), warmup_max_step=1.0, steps_per_sample=1,
+                 subsample="with_replacement", warmup_subsample=None, init_strategy=init_to_uniform):
+        super().__init__(model, steps_per_sample=steps_per_sample, subsample=subsample,
+                         warmup_subsample=warmup_subsample, init_strategy=init_strategy)
+        if preconditioner not in PRECONDITIONERS:
+            raise ValueError(
+                f"ConstantSGD: unknown preconditioner {preconditioner!r}; choose one of {PRECONDITIONERS}."
+            )
+        if step_size is not None and not (isinstance(step_size, (int, float)) and step_size > 0):
+            raise ValueError(f"ConstantSGD: step_size must be a positive float or None (use ε*), got {step_size!r}.")
+        if not 0 < momentum <= 1:
+            raise ValueError(f"ConstantSGD: momentum (damping μ) must lie in (0, 1], got {momentum}; 1 means no momentum.")
+        if noise_estimator is not None and noise_estimator not in NOISE_ESTIMATORS:
+            raise ValueError(f"ConstantSGD: unknown noise_estimator {noise_estimator!r}; choose one of {NOISE_ESTIMATORS}.")
+        if not (0 <= adam_fraction < 1 and 0 < noise_window <= 1 - adam_fraction):
+            raise ValueError(
+                "ConstantSGD: need 0 <= adam_fraction < 1 and 0 < noise_window <= 1 - adam_fraction, "
+                f"got adam_fraction={adam_fraction}, noise_window={noise_window}."
+            )
+        if not (len(adam_lr) == 2 and adam_lr[0] > 0 and adam_lr[1] > 0):
+            raise ValueError(f"ConstantSGD: adam_lr must be two positive learning rates (start, end), got {adam_lr!r}.")
+        if not warmup_max_step > 0:
+            raise ValueError(f"ConstantSGD: warmup_max_step must be > 0, got {warmup_max_step}.")
+        self._preconditioner = preconditioner
+        self._step_size = step_size
+        self._momentum = momentum
+        self._noise_method = noise_estimator
+        self._correct = discrete_time_correction
+        self._adam_fraction = adam_fraction
+        self._noise_window = noise_window
+        self._adam_lr = tuple(adam_lr)
+        self._warmup_max_step = warmup_max_step
+        self._adam = optax.scale_by_adam(b1=0.9, b2=0.99)
+
+    # ------------------------------------------------------------------ setup
+    def _estimator(self, potential):
+        sizes = tuple(p.subsample_size for p in potential.plates)
+        method = self._noise_method or ("minibatch" if min(sizes) >= 2 else "pooled")
+        if method in ("minibatch", "eq25") and min(sizes) < 2:
+            raise ValueError(
+                f"ConstantSGD: noise_estimator={method!r} needs subsample_size >= 2 in every plate; "
+                "use noise_estimator='pooled' or a larger subsample_size."
+            )
+        return noise_estimator(method, sizes, potential.dim, full=self._preconditioner == "full")
+
+    def _check_setup(self, potential, num_warmup_steps):
+        self._estimator(potential)
+        if num_warmup_steps < 20:
+            warnings.warn(
+                f"ConstantSGD: {num_warmup_steps} warmup SG steps cannot estimate the gradient noise; "
+                "the preconditioner stays undefined (NaN: every step is rejected and counted as a "
+                "divergence) unless the run continues from a post_warmup_state. Use num_warmup >= 20 "
+                "(typically hundreds to thousands).",
+                stacklevel=find_stack_level(),
+            )
+
+    def _init_kernel_state(self, rng_key, theta, potential, num_warmup_steps):
+        d, dtype = theta.shape[0], theta.dtype
+        shape = {"scalar": (), "diag": (d,), "sqrt": (d,), "full": (d, d)}[self._preconditioner]
+        adam_steps = int(self._adam_fraction * num_warmup_steps)
+        window_start = num_warmup_steps - max(int(self._noise_window * num_warmup_steps), 1)
+        nan = jnp.asarray(jnp.nan, dtype)
+        est = self._estimator(potential)
+        return ConstantSGDState(
+            preconditioner=jnp.full(shape, jnp.nan, dtype),
+            step_size=nan,
+            user_step_size=jnp.asarray(jnp.nan if self._step_size is None else self._step_size, dtype),
+            momentum=jnp.asarray(self._momentum, dtype),
+            velocity=jnp.zeros(d, dtype),
+            correction=nan,
+            noise_cov=jnp.zeros((d, d) if self._preconditioner == "full" else (d,), dtype),
+            noise_state=est.init(),
+            adam_state=self._adam.init(theta),
+            second_moment=jnp.zeros(d, dtype),
+            adam_steps=jnp.asarray(adam_steps, jnp.int32),
+            window_start=jnp.asarray(window_start, jnp.int32),
+            adam_lr=jnp.asarray(self._adam_lr, dtype),
+            warmup_max_step=jnp.asarray(self._warmup_max_step, dtype),
+        )
+
+    # ------------------------------------------------------------------ dynamics
+    def _warmup_update(self, rng_key, step, theta, ks, oracle):
+        idx = oracle.draw(rng_key)
+        pe, grad, per_example = oracle.per_example_grads(theta, idx)
+        # uncentred second moment of ∇Û_S, diagonal: Σ_p mean_n(g_{p,n}²) / S_p
+        uncentred = sum(jnp.mean(g**2, axis=0) / g.shape[0] for g in per_example)
+        second = jnp.where(step == 0, uncentred, 0.99 * ks.second_moment + 0.01 * uncentred)
+        # phase 1: Adam with an exponentially decaying learning rate
+        updates, adam_state = self._adam.update(grad, ks.adam_state)
+        frac = step / jnp.maximum(ks.adam_steps, 1)
+        lr = ks.adam_lr[0] * (ks.adam_lr[1] / ks.adam_lr[0]) ** frac
+        adam_delta = -lr * updates
+        # phase 2: constant-SGD step preconditioned by the uncentred moment, clipped
+        sgd_delta = -jnp.clip(2.0 * grad / second, -ks.warmup_max_step, ks.warmup_max_step)
+        delta = jnp.where(step < ks.adam_steps, adam_delta, sgd_delta)
+        est = self._estimator(oracle.potential)
+        noise_state = est.update(ks.noise_state, per_example, active=step >= ks.window_start)
+        ks = ks._replace(adam_state=adam_state, second_moment=second, noise_state=noise_state)
+        return theta + delta, ks, pe, oracle.batch_size
+
+    def _end_warmup(self, ks):
+        # called inside the traced step; the potential is the one of the current run
+        potential = self.potential
+        plate_noise = self._estimator(potential).final(ks.noise_state)
+        noise = sum(plate_noise)
+        if self._correct:
+            c = discrete_time_correction(plate_noise, potential.plates, self._subsample == "without_replacement")
+        else:
+            c = jnp.asarray(2.0, noise.dtype)
+        user = None if self._step_size is None else ks.user_step_size
+        precond, eps = kl_optimal_preconditioner(
+            self._preconditioner, noise, c, user, potential.num_data, potential.batch_size
+        )
+        # KL-optimal rate with damping μ is μ ε* (Eq. 31); a user ε is taken as given (Eq. 27)
+        factor = ks.momentum if user is None else 1.0
+        return ks._replace(
+            preconditioner=(precond * factor).astype(noise.dtype),
+            step_size=jnp.asarray(eps * factor, noise.dtype),
+            correction=jnp.asarray(c, noise.dtype),
+            noise_cov=noise,
+        )
+
+    def _sample_update(self, rng_key, step, theta, ks, oracle):
+        pe, grad = oracle.grad(rng_key, theta)
+        theta, velocity = constant_sgd_step(theta, ks.velocity, grad, ks.preconditioner, ks.momentum)
+        return theta, ks._replace(velocity=velocity), pe, oracle.batch_size
+
+    def _diagnostics(self, ks):
+        return f"ε {float(ks.step_size):.3g}"
+

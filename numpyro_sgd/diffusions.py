@@ -1,0 +1,29 @@
+"""Euler steps of the Langevin diffusions shared by the SG-MCMC kernels.
+
+They see a position, a gradient of the potential U (a sum over data, NumPyro's convention:
+temperature 1 targets exp(−U), the posterior) and step sizes; never the model or the data.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import random
+
+__all__ = ["overdamped_langevin", "sgd"]
+
+
+def sgd(position, grad, preconditioner):
+    """θ ← θ − P ∇Û (Mandt et al. Eq. 15 with H = N P); P of shape (), (D,) or (D, D)."""
+    step = preconditioner @ grad if jnp.ndim(preconditioner) == 2 else preconditioner * grad
+    return position - step
+
+
+def overdamped_langevin(rng_key, position, grad, step_size, temperature=1.0, preconditioner=None):
+    """One Euler–Maruyama step of dθ = −G ∇U dt + √(2T G) dW with dt = ε/2 (Welling & Teh Eq. 4).
+
+    θ ← θ − (ε/2) G ∇Û + √(ε T G) ξ,  ξ ~ N(0, I);  G diagonal (``preconditioner``, default I).
+    The correction term Γ(θ) of pSGLD (Li et al. 2016) is neglected, as in that paper.
+    """
+    noise = random.normal(rng_key, jnp.shape(position), jnp.result_type(position))
+    g = 1.0 if preconditioner is None else preconditioner
+    return position - 0.5 * step_size * g * grad + jnp.sqrt(step_size * temperature * g) * noise

@@ -1,0 +1,204 @@
+"""Gradient-noise covariance estimators and the KL-optimal preconditioners built from them.
+
+Units. Everything here is in the units of NumPyro's potential U (a sum over data). For one
+subsample plate with N data and minibatch S, the minibatch gradient ∇Û_S has noise covariance
+
+    Q = N² C / S,        C = Cov_n[∇ℓ_n(θ)]  (Mandt et al. Eq. 3–5, per-datum loss ℓ_n),
+
+and with several plates Q = Σ_p Q_p, Q_p = Cov_n[∇Û_{p,[n]}] / S_p (the per-example gradients
+of :meth:`SubsampledPotential.per_example_grads`). An update θ ← θ − P ∇Û_S is Mandt's
+θ ← θ − H ĝ_S with H = N P.
+
+Estimators (``init, update, final``), all averaged over a window with κ_t = 1/t (Eq. 25's
+decreasing rate, here the running mean, the lowest-variance choice for a frozen estimate):
+
+* ``"minibatch"``: the unbiased within-minibatch sample covariance of the S_p per-example
+  gradients (needs S_p ≥ 2). Default.
+* ``"eq25"``: Mandt Eq. 25, (ĝ_1 − ĝ_S)(ĝ_1 − ĝ_S)ᵀ with ĝ_1 the first example of the
+  minibatch, rescaled by S/(S − 1) since E[(ĝ_1 − ĝ_S)(ĝ_1 − ĝ_S)ᵀ] = (S − 1)/S · C.
+  One example per step: S−1 times fewer draws than ``"minibatch"``, hence noisier.
+* ``"pooled"``: Welford mean and covariance of all per-example gradients of the window,
+  centred on the window mean (works for S = 1; biased up by O(1/N) through the drift of θ).
+
+With ``full=False`` only the diagonal is kept, at O(S·D) per step.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax.numpy as jnp
+from jax.scipy.linalg import cho_factor, cho_solve
+
+__all__ = [
+    "NOISE_ESTIMATORS",
+    "NoiseState",
+    "NoiseEstimator",
+    "noise_estimator",
+    "discrete_time_correction",
+    "kl_optimal_preconditioner",
+    "apply_preconditioner",
+    "PRECONDITIONERS",
+]
+
+NOISE_ESTIMATORS = ("minibatch", "eq25", "pooled")
+PRECONDITIONERS = ("scalar", "diag", "full", "sqrt")
+
+
+class NoiseState(NamedTuple):
+    """Running state of a noise estimator."""
+
+    #: number of steps averaged so far
+    count: jnp.ndarray
+    #: per plate: running mean of the per-example gradients (used by ``"pooled"`` only)
+    mean: tuple
+    #: per plate: running mean of the per-step estimate of Cov_n (``"minibatch"``/``"eq25"``)
+    #: or the Welford sum of squares (``"pooled"``); (D,) if diagonal, (D, D) if full
+    second: tuple
+
+
+class NoiseEstimator(NamedTuple):
+    init: Callable
+    update: Callable
+    final: Callable
+
+
+def _outer(a, b, full):
+    return a.T @ b if full else jnp.sum(a * b, axis=0)
+
+
+def noise_estimator(method, subsample_sizes, dim, full=False, dtype=jnp.float32):
+    """Build an estimator of the per-plate gradient noise Q_p (see the module docstring).
+
+    :param str method: one of :data:`NOISE_ESTIMATORS`.
+    :param tuple subsample_sizes: S_p for every subsample plate.
+    :param int dim: D.
+    :param bool full: keep the full D × D matrix (else the diagonal only).
+    :return: :class:`NoiseEstimator` ``(init() -> NoiseState,
+        update(state, per_example_grads, active) -> NoiseState, final(state) -> tuple of Q_p)``.
+    """
+    if method not in NOISE_ESTIMATORS:
+        raise ValueError(
+            f"unknown noise estimator {method!r}; choose one of {NOISE_ESTIMATORS}."
+        )
+    shape = (dim, dim) if full else (dim,)
+
+    def init():
+        zeros = tuple(jnp.zeros(dim, dtype) for _ in subsample_sizes)
+        second = tuple(jnp.zeros(shape, dtype) for _ in subsample_sizes)
+        return NoiseState(jnp.zeros((), jnp.int32), zeros, second)
+
+    def update(state, per_example_grads, active=True):
+        t = state.count + 1
+        new_mean, new_second = [], []
+        for m, s2, g in zip(state.mean, state.second, per_example_grads):
+            size = g.shape[0]
+            if method == "pooled":
+                # Welford with a batch of S rows (Chan et al. parallel update)
+                n_old = state.count * size
+                batch_mean = jnp.mean(g, axis=0)
+                dev = g - batch_mean
+                delta = batch_mean - m
+                n_new = n_old + size
+                m_new = m + delta * size / n_new
+                cross = _outer(delta[None], delta[None], full) * n_old * size / n_new
+                s2_new = s2 + _outer(dev, dev, full) + cross
+            else:
+                if method == "minibatch":
+                    dev = g - jnp.mean(g, axis=0)
+                    cov = _outer(dev, dev, full) / (size - 1)
+                else:  # eq25
+                    d = g[:1] - jnp.mean(g, axis=0)
+                    cov = _outer(d, d, full) * size / (size - 1)
+                m_new = m
+                s2_new = s2 + (cov - s2) / t
+            new_mean.append(jnp.where(active, m_new, m))
+            new_second.append(jnp.where(active, s2_new, s2))
+        count = jnp.where(active, t, state.count)
+        return NoiseState(count, tuple(new_mean), tuple(new_second))
+
+    def final(state):
+        out = []
+        for s2, size in zip(state.second, subsample_sizes):
+            if method == "pooled":
+                cov = s2 / jnp.maximum(state.count * size - 1, 1)
+            else:
+                cov = s2
+            out.append(cov / size)  # Q_p = Cov_n / S_p
+        return tuple(out)
+
+    return NoiseEstimator(init, update, final)
+
+
+def _trace(q):
+    return jnp.trace(q) if q.ndim == 2 else jnp.sum(q)
+
+
+def discrete_time_correction(plate_noise, plates, without_replacement=False):
+    """The factor c that replaces 2 in H* so that the *discrete-time* chain is exact.
+
+    For θ ← θ − c Q⁻¹ ∇Û_S on a Gaussian posterior whose Hessian equals its Fisher
+    (A_U = (S/N) Q), the stationary covariance is c² f Q⁻¹ / (2c S/N − c² S²/N²), with f the
+    minibatch noise factor (1 with replacement, (N − S)/(N − 1) without). It equals the
+    posterior A_U⁻¹ iff c = 2 / (f + S/N) (ALGORITHMS.md, measured facts: 2N/(N + S) with
+    replacement; ≈ 2 without). With several plates, S/N and f are averaged with weights
+    Tr(Q_p)/Tr(Q).
+    """
+    traces = jnp.stack([_trace(q) for q in plate_noise])
+    w = traces / jnp.sum(traces)
+    ratio = jnp.array([p.subsample_size / p.size for p in plates])
+    if without_replacement:
+        f = jnp.array([(p.size - p.subsample_size) / max(p.size - 1, 1) for p in plates])
+    else:
+        f = jnp.ones(len(plates))
+    return 2.0 / (jnp.sum(w * f) + jnp.sum(w * ratio))
+
+
+def kl_optimal_preconditioner(kind, noise, correction=2.0, step_size=None, num_data=None,
+                              batch_size=None, jitter=1e-6):
+    """The KL-optimal constant preconditioner P (θ ← θ − P ∇Û_S) of Mandt et al. Sec. 3.
+
+    In U units (see the module docstring), with c = ``correction`` (2 in continuous time):
+
+    ============  ====================================  ==============================
+    ``kind``      P                                     Mandt et al.
+    ============  ====================================  ==============================
+    ``"scalar"``  c D / Tr(Q) · I                       Thm. 1, Eq. 18: ε* = 2 S D / (N Tr C)
+    ``"diag"``    c / diag(Q)                           Cor. 1: H_kk = 2 S / (N C_kk)
+    ``"full"``    c Q⁻¹  (Cholesky solve)               Thm. 2, Eq. 20: H = (2 S / N) C⁻¹
+    ``"sqrt"``    c D / Σ_k √Q_kk · diag(Q)^(−1/2)       App. E, Eq. 64: H = ε* G⁻¹, G = √diag C
+    ============  ====================================  ==============================
+
+    ``step_size`` (Mandt's ε, with C = S Q / N² per datum) replaces the optimal ε* of each
+    form H = ε B: B = I, diag(C)⁻¹, C⁻¹, diag(C)^(−1/2) respectively.
+
+    :param noise: Q, shape (D,) (diagonal) or (D, D) (full, needed for ``"full"``).
+    :return: ``(P, epsilon)``: P has shape () for scalar, (D,) for diag/sqrt, (D, D) for full;
+        ``epsilon`` is the step size in Mandt's units.
+    """
+    q_diag = jnp.diagonal(noise) if noise.ndim == 2 else noise
+    dim = q_diag.shape[0]
+    # floor tiny variances (a coordinate with no gradient noise) relative to the mean
+    q_diag = jnp.maximum(q_diag, jitter * jnp.mean(q_diag) + jnp.finfo(q_diag.dtype).tiny)
+    n, s = num_data, batch_size
+    if kind == "scalar":
+        scale = correction * dim / jnp.sum(q_diag) if step_size is None else step_size / n
+        return scale, scale * n
+    if kind == "sqrt":
+        root = jnp.sqrt(q_diag)
+        scale = correction * dim / jnp.sum(root) if step_size is None else step_size / jnp.sqrt(s)
+        return scale / root, scale * jnp.sqrt(s)
+    scale = correction if step_size is None else step_size * n / s
+    eps = scale * s / n
+    if kind == "diag":
+        return scale / q_diag, eps
+    if kind == "full":
+        q = noise + jitter * jnp.mean(q_diag) * jnp.eye(dim, dtype=noise.dtype)
+        chol = cho_factor(q, lower=True)
+        return scale * cho_solve(chol, jnp.eye(dim, dtype=noise.dtype)), eps
+    raise ValueError(f"unknown preconditioner {kind!r}; choose one of {PRECONDITIONERS}.")
+
+
+def apply_preconditioner(precond, grad):
+    """P g for P of shape () (scalar), (D,) (diagonal) or (D, D) (full)."""
+    return precond @ grad if jnp.ndim(precond) == 2 else precond * grad

@@ -1,0 +1,376 @@
+"""Subsampled potentials for any NumPyro model.
+
+Every kernel in this package sees the model only through :class:`SubsampledPotential`. It is
+built once per ``MCMC.run`` from one trace of the user's model and then provides, for a flat
+vector ``theta`` of the unconstrained global latents (notation of ``ALGORITHMS.md``):
+
+* ``draw_indices(key)``: fresh minibatch indices for every subsample plate, in O(S);
+* ``potential_and_grad(theta, idx)``: the minibatch potential
+  Û_S(θ) = −log p(θ) − Σ_plates (N/S) Σ_{n∈S} log p(x_n | θ) and its gradient (NumPyro's own
+  plate scaling N/S is used: the indices are substituted into the plate, which then scales);
+* ``per_example_grads(theta, idx)``: Û_S, ∇Û_S and, per plate, the S × D matrix of
+  single-example potential gradients ∇Û_{[n]} (the plate substituted with the one index n, so
+  NumPyro scales it by N/1). Their mean is ∇Û_S exactly and their covariance over n is
+  N² Cov_n[∇ log p(x_n|θ)], the per-plate gradient noise (``noise.py``);
+* ``full_potential(theta)``: the full-data potential U(θ) (plate set to all N indices).
+
+The plate never draws its own indices (that costs O(N) per step in NumPyro's Fisher–Yates
+shuffle); the kernel draws them and substitutes them.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import random
+from numpyro import handlers
+from numpyro.distributions import biject_to
+from numpyro.infer.initialization import init_to_uniform
+from numpyro.infer.util import constrain_fn, potential_energy
+from numpyro.primitives import Messenger
+
+__all__ = ["PlateInfo", "SubsampledPotential", "SUBSAMPLE_METHODS"]
+
+#: How minibatch indices are drawn. ``"with_replacement"`` (default) draws S i.i.d. uniform
+#: indices; ``"without_replacement"`` draws a fresh uniformly random S-subset every step;
+#: ``"shuffle"`` walks through a random permutation epoch by epoch (every datum once per
+#: epoch). Shuffling makes consecutive gradients negatively correlated and shrinks the
+#: stationary spread (ALGORITHMS.md, measured facts), so kernels only allow it for warmup.
+SUBSAMPLE_METHODS = ("with_replacement", "without_replacement", "shuffle")
+
+
+class PlateInfo(NamedTuple):
+    """A subsample plate of the model."""
+
+    name: str
+    #: number of data points N in the plate
+    size: int
+    #: minibatch size S
+    subsample_size: int
+
+
+class _SetPlateIndices(Messenger):
+    """Substitute indices into subsample plates and keep NumPyro's N/len(idx) scaling.
+
+    ``indices=None`` is the discovery mode: every subsample plate is validated, recorded into
+    ``self.found`` and given the indices ``arange(S)`` (a valid minibatch, no O(N) draw).
+    Setting ``msg["args"]`` as well as ``msg["value"]`` avoids NumPyro's warning that the
+    substituted length differs from the declared subsample_size (e.g. for one index).
+    """
+
+    def __init__(self, fn=None, indices=None):
+        self.indices = indices
+        self.found = {}
+        super().__init__(fn)
+
+    def process_message(self, msg):
+        if msg["type"] != "plate":
+            return
+        size, subsample_size = msg["args"]
+        name = msg["name"]
+        if self.indices is None:
+            if subsample_size is None or subsample_size == size:
+                return
+            if not 1 <= subsample_size <= size:
+                raise ValueError(
+                    f"numpyro_sgd: plate '{name}' has subsample_size={subsample_size} but "
+                    f"size={size}; use 1 <= subsample_size <= size, e.g. "
+                    f"numpyro.plate('{name}', {size}, subsample_size={min(100, size)})."
+                )
+            self.found[name] = PlateInfo(name, int(size), int(subsample_size))
+            msg["value"] = jnp.arange(subsample_size)
+        elif name in self.indices:
+            idx = self.indices[name]
+            msg["value"] = idx
+            msg["args"] = (size, idx.shape[0])
+
+
+class _FlatView:
+    """Ravel a dict of arrays into one vector and back, with static (picklable) shapes."""
+
+    def __init__(self, example):
+        self.names = tuple(sorted(example))
+        self.shapes = tuple(tuple(np.shape(example[k])) for k in self.names)
+        self.sizes = tuple(int(np.prod(s, dtype=int)) for s in self.shapes)
+        self.dim = sum(self.sizes)
+
+    def ravel(self, params):
+        return jnp.concatenate([jnp.ravel(params[k]) for k in self.names])
+
+    def unravel(self, flat):
+        out, start = {}, 0
+        for name, shape, size in zip(self.names, self.shapes, self.sizes):
+            out[name] = jnp.reshape(flat[start : start + size], shape)
+            start += size
+        return out
+
+
+def _site_plates(site, plate_names):
+    return [f.name for f in site["cond_indep_stack"] if f.name in plate_names]
+
+
+class SubsampledPotential:
+    """The subsampled potential of a NumPyro model whose data plates subsample.
+
+    Built by :meth:`from_model`, which traces the model once and raises a clear
+    ``ValueError`` at once (before any sampling) for models the package cannot handle.
+
+    :param model: the NumPyro model.
+    :param tuple plates: :class:`PlateInfo` of every subsample plate.
+    :param _FlatView view: the layout of the flat unconstrained vector θ.
+    :param dict param_values: values of ``numpyro.param`` sites (held fixed, as NUTS does).
+    :param dict observed: plate name -> names of observed sites inside it.
+    :param tuple plate_deterministic: deterministic sites inside a subsample plate (they depend
+        on the minibatch and are not returned by :meth:`constrain`).
+    """
+
+    def __init__(self, model, plates, view, param_values, observed, plate_deterministic, kernel_name):
+        self.model = model
+        self.plates = tuple(plates)
+        self.view = view
+        self.param_values = param_values
+        self.observed = observed
+        self.plate_deterministic = tuple(plate_deterministic)
+        self.kernel_name = kernel_name
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_model(cls, model, model_args=(), model_kwargs=None, *, rng_key=None,
+                   init_strategy=init_to_uniform, kernel_name="numpyro_sgd"):
+        """Trace ``model`` once, discover its subsample plates and sites, and validate it."""
+        model_kwargs = {} if model_kwargs is None else model_kwargs
+        rng_key = random.key(0) if rng_key is None else rng_key
+        finder = _SetPlateIndices()
+        traced = handlers.trace(
+            handlers.substitute(handlers.seed(finder(model), rng_key), substitute_fn=init_strategy)
+        )
+        try:
+            tr = traced.get_trace(*model_args, **model_kwargs)
+        except NotImplementedError as e:  # pragma: no cover - unusual user distributions
+            raise ValueError(f"{kernel_name}: could not trace the model: {e}") from e
+        plates = tuple(finder.found.values())
+        if not plates:
+            raise ValueError(
+                f"{kernel_name}: the model has no subsample plate; wrap the likelihood in "
+                "numpyro.plate('data', N, subsample_size=S) so that the kernel can draw "
+                "minibatches (use NUTS for full-batch sampling)."
+            )
+        names = {p.name for p in plates}
+        latent, params, observed, plate_det = {}, {}, {p.name: [] for p in plates}, []
+        for name, site in tr.items():
+            if site["type"] == "param":
+                params[name] = site["value"]
+                continue
+            in_plates = _site_plates(site, names)
+            if site["type"] == "deterministic":
+                if in_plates:
+                    plate_det.append(name)
+                continue
+            if site["type"] != "sample":
+                continue
+            if len(in_plates) > 1:
+                raise ValueError(
+                    f"{kernel_name}: site '{name}' is inside two subsample plates "
+                    f"{in_plates}; the kernel subsamples each plate independently, so a site "
+                    "may lie in at most one of them. Subsample only the outer plate."
+                )
+            if site["is_observed"]:
+                if in_plates:
+                    observed[in_plates[0]].append(name)
+                continue
+            if in_plates:
+                raise ValueError(
+                    f"{kernel_name}: latent site '{name}' is inside the subsample plate "
+                    f"'{in_plates[0]}'; local latent variables are not supported by "
+                    "stochastic-gradient kernels. Marginalise it out, or move it out of the "
+                    "plate (make it a global latent)."
+                )
+            if site["fn"].support.is_discrete:
+                raise ValueError(
+                    f"{kernel_name}: latent site '{name}' is discrete; stochastic-gradient "
+                    "kernels need continuous latents. Marginalise it out (e.g. with "
+                    "numpyro.contrib.funsor enumeration inside a NUTS model) or make it "
+                    "continuous."
+                )
+            latent[name] = site
+        if not latent:
+            raise ValueError(f"{kernel_name}: the model has no continuous latent sample site to sample.")
+        unconstrained = {
+            k: biject_to(s["fn"].support).inv(s["value"]) for k, s in latent.items()
+        }
+        view = _FlatView(unconstrained)
+        obs = {k: tuple(v) for k, v in observed.items()}
+        return cls(model, plates, view, params, obs, plate_det, kernel_name)
+
+    # ------------------------------------------------------------------ basic facts
+    @property
+    def dim(self):
+        """D, the dimension of the unconstrained latent vector θ."""
+        return self.view.dim
+
+    @property
+    def num_data(self):
+        """Σ over subsample plates of N (the denominator of a data pass)."""
+        return sum(p.size for p in self.plates)
+
+    @property
+    def batch_size(self):
+        """Σ over subsample plates of S (per-datum gradients per minibatch gradient)."""
+        return sum(p.subsample_size for p in self.plates)
+
+    def initial_params(self, rng_key, model_args=(), model_kwargs=None, init_strategy=init_to_uniform):
+        """Unconstrained initial θ (flat) for one chain, following ``init_strategy``."""
+        model_kwargs = {} if model_kwargs is None else model_kwargs
+        idx = {p.name: jnp.arange(p.subsample_size) for p in self.plates}
+        # substitute must be outside seed so that the init strategy finds the seeded key
+        m = handlers.substitute(
+            handlers.seed(_SetPlateIndices(self._with_params(), indices=idx), rng_key),
+            substitute_fn=init_strategy,
+        )
+        tr = handlers.trace(m).get_trace(*model_args, **model_kwargs)
+        z = {k: biject_to(tr[k]["fn"].support).inv(tr[k]["value"]) for k in self.view.names}
+        return self.view.ravel(z)
+
+    # ------------------------------------------------------------------ indices
+    def draw_indices(self, rng_key, method="with_replacement", step=None, shuffle_key=None):
+        """Minibatch indices ``{plate: int32[S]}`` in O(S) per plate.
+
+        ``"without_replacement"`` draws S i.i.d. indices and redraws the duplicates until
+        there are none (expected S²/(2N) redraws); the law of the set is invariant under
+        permutations of the data, so it is the uniform law over S-subsets.
+        ``"shuffle"`` takes positions ``step*S ... step*S + S - 1`` of a pseudo-random
+        permutation of the data that changes every epoch (a keyed Feistel permutation with
+        cycle walking, evaluated only at the S positions: no O(N) permutation is stored).
+        """
+        keys = random.split(rng_key, len(self.plates))
+        out = {}
+        for j, (key, p) in enumerate(zip(keys, self.plates)):
+            if method == "with_replacement":
+                out[p.name] = random.randint(key, (p.subsample_size,), 0, p.size)
+            elif method == "without_replacement":
+                out[p.name] = _subset_without_replacement(key, p.size, p.subsample_size)
+            elif method == "shuffle":
+                if step is None or shuffle_key is None:
+                    raise ValueError("draw_indices: 'shuffle' needs the step and a shuffle_key")
+                pos = step * p.subsample_size + jnp.arange(p.subsample_size)
+                epoch, rank = pos // p.size, pos % p.size
+                out[p.name] = jax.vmap(
+                    lambda e, r, _n=p.size, _k=random.fold_in(shuffle_key, j): _permute(
+                        random.fold_in(_k, e), r, _n
+                    )
+                )(epoch, rank)
+            else:
+                raise ValueError(f"draw_indices: unknown method {method!r}")
+        return out
+
+    # ------------------------------------------------------------------ potentials
+    def _with_params(self, params=None):
+        values = dict(self.param_values)
+        if params is not None:
+            values.update(params)
+        return handlers.substitute(self.model, data=values) if values else self.model
+
+    def potential(self, theta, indices, model_args=(), model_kwargs=None, params=None):
+        """Û at flat θ with the plates substituted by ``indices`` (NumPyro's N/len(idx) scale)."""
+        model_kwargs = {} if model_kwargs is None else model_kwargs
+        model = _SetPlateIndices(self._with_params(params), indices=indices)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return potential_energy(model, model_args, model_kwargs, self.view.unravel(theta))
+
+    def potential_and_grad(self, theta, indices, model_args=(), model_kwargs=None, params=None):
+        """(Û_S(θ), ∇Û_S(θ)) for one minibatch."""
+        return jax.value_and_grad(self.potential)(theta, indices, model_args, model_kwargs, params)
+
+    def per_example_grads(self, theta, indices, model_args=(), model_kwargs=None, params=None):
+        """Û_S(θ), ∇Û_S(θ) and a tuple (one per plate) of S × D single-example gradients.
+
+        For plate p the row n is ∇Û with plate p substituted by the single index n (scale N_p)
+        and the other plates at their minibatch. The rows average to ∇Û_S and their covariance
+        over n is N_p² Cov_n[∇ log p(x_n | θ)]. One vmapped pass (about 1.0–1.3× the cost of
+        the minibatch gradient for one plate); with several plates each plate costs S_p
+        minibatch-of-the-others evaluations.
+        """
+        vg = jax.value_and_grad(self.potential)
+        pots, grads = [], []
+        for p in self.plates:
+            def single(i, _p=p):
+                idx = dict(indices)
+                idx[_p.name] = i[None]
+                return vg(theta, idx, model_args, model_kwargs, params)
+
+            pot_p, grad_p = jax.vmap(single)(indices[p.name])
+            pots.append(jnp.mean(pot_p))
+            grads.append(grad_p)
+        # Every plate's rows average to the same minibatch gradient; use the first plate's.
+        return pots[0], jnp.mean(grads[0], axis=0), tuple(grads)
+
+    def full_indices(self):
+        return {p.name: jnp.arange(p.size) for p in self.plates}
+
+    def full_potential(self, theta, model_args=(), model_kwargs=None, params=None):
+        """U(θ) on all the data (every plate set to all its N indices, scale 1)."""
+        return self.potential(theta, self.full_indices(), model_args, model_kwargs, params)
+
+    # ------------------------------------------------------------------ constraining
+    def constrain(self, theta, model_args=(), model_kwargs=None, params=None):
+        """Latent sites in their support plus global deterministic sites, from flat θ.
+
+        Deterministic sites inside a subsample plate depend on the minibatch and are left
+        out; use :class:`numpyro.infer.Predictive` with the samples to get them.
+        """
+        model_kwargs = {} if model_kwargs is None else model_kwargs
+        idx = {p.name: jnp.arange(p.subsample_size) for p in self.plates}
+        model = _SetPlateIndices(self._with_params(params), indices=idx)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            out = constrain_fn(model, model_args, model_kwargs, self.view.unravel(theta),
+                               return_deterministic=True)
+        return {k: v for k, v in out.items() if k not in self.plate_deterministic}
+
+
+def _subset_without_replacement(rng_key, size, subsample_size):
+    """A uniformly random ``subsample_size``-subset of ``range(size)`` in O(S log S)."""
+    key, sub = random.split(rng_key)
+    idx = jnp.sort(random.randint(sub, (subsample_size,), 0, size))
+
+    def duplicated(i):
+        return jnp.concatenate([jnp.zeros(1, bool), i[1:] == i[:-1]])
+
+    def cond(carry):
+        return jnp.any(duplicated(carry[1]))
+
+    def body(carry):
+        key, i = carry
+        key, sub = random.split(key)
+        fresh = random.randint(sub, i.shape, 0, size)
+        return key, jnp.sort(jnp.where(duplicated(i), fresh, i))
+
+    return jax.lax.while_loop(cond, body, (key, idx))[1]
+
+
+def _permute(key, x, n):
+    """Image of ``x`` under a keyed pseudo-random permutation of ``range(n)``.
+
+    A 4-round balanced Feistel network on 2h bits (2^(2h) < 4n) is a permutation of
+    ``range(2^(2h))``; re-applying it while the value is ≥ n (cycle walking) restricts it to a
+    permutation of ``range(n)``. Expected < 4 rounds of walking.
+    """
+    half = max(1, (max(int(n - 1).bit_length(), 1) + 1) // 2)
+    mask = jnp.uint32((1 << half) - 1)
+    round_keys = random.split(key, 4)
+
+    def encrypt(v):
+        left, right = v >> half, v & mask
+        for k in round_keys:
+            f = random.bits(random.fold_in(k, right), dtype=jnp.uint32) & mask
+            left, right = right, left ^ f
+        return (left << half) | right
+
+    v = encrypt(jnp.asarray(x, jnp.uint32))
+    v = jax.lax.while_loop(lambda v: v >= n, encrypt, v)
+    return v.astype(jnp.int32)
