@@ -32,6 +32,10 @@ from .noise import (
 __all__ = ["ConstantSGD", "ConstantSGDState", "constant_sgd_step"]
 
 
+def _warmup_adam():  # built on demand: optax transformations hold closures and do not pickle
+    return optax.scale_by_adam(b1=0.9, b2=0.9)
+
+
 class ConstantSGDState(NamedTuple):
     """Kernel state of :class:`ConstantSGD` (one chain)."""
 
@@ -183,7 +187,6 @@ class ConstantSGD(SGKernel):
         self._noise_window = noise_window
         self._adam_lr = tuple(adam_lr)
         self._warmup_max_step = warmup_max_step
-        self._adam = optax.scale_by_adam(b1=0.9, b2=0.99)
 
     # ------------------------------------------------------------------ setup
     def _estimator(self, potential):
@@ -223,7 +226,7 @@ class ConstantSGD(SGKernel):
             correction=nan,
             noise_cov=jnp.zeros((d, d) if self._preconditioner == "full" else (d,), dtype),
             noise_state=est.init(),
-            adam_state=self._adam.init(theta),
+            adam_state=_warmup_adam().init(theta),
             second_moment=jnp.zeros(d, dtype),
             adam_steps=jnp.asarray(adam_steps, jnp.int32),
             window_start=jnp.asarray(window_start, jnp.int32),
@@ -237,10 +240,13 @@ class ConstantSGD(SGKernel):
         pe, grad, per_example = oracle.per_example_grads(theta, idx)
         # uncentred second moment of ∇Û_S, diagonal: Σ_p mean_n(g_{p,n}²) / S_p
         uncentred = sum(jnp.mean(g**2, axis=0) / g.shape[0] for g in per_example)
-        second = jnp.where(step == 0, uncentred, 0.99 * ks.second_moment + 0.01 * uncentred)
+        # (re)started halfway through the Adam phase so that the huge gradients of a poor
+        # initial point are forgotten by the time it preconditions
+        second = jnp.where(step == ks.adam_steps // 2, uncentred, 0.99 * ks.second_moment + 0.01 * uncentred)
         # phase 1: Adam with an exponentially decaying learning rate
-        updates, adam_state = self._adam.update(grad, ks.adam_state)
-        frac = step / jnp.maximum(ks.adam_steps, 1)
+        updates, adam_state = _warmup_adam().update(grad, ks.adam_state)
+        # hold the initial rate for the first half of the phase, then decay exponentially
+        frac = jnp.clip(2.0 * step / jnp.maximum(ks.adam_steps, 1) - 1.0, 0.0, 1.0)
         lr = ks.adam_lr[0] * (ks.adam_lr[1] / ks.adam_lr[0]) ** frac
         adam_delta = -lr * updates
         # phase 2: constant-SGD step preconditioned by the uncentred moment, clipped
