@@ -29,7 +29,7 @@ from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import find_stack_level, is_prng_key
 
-from .potential import SUBSAMPLE_METHODS, SubsampledPotential
+from .potential import SUBSAMPLE_METHODS, SubsampledPotential, _SetPlateIndices
 
 __all__ = ["SGState", "SGKernel", "MinibatchOracle"]
 
@@ -180,6 +180,21 @@ class SGKernel(MCMCKernel):
     # ------------------------------------------------------------------ protocol
     @property
     def model(self):
+        """The model as consumers of a fitted kernel (ArviZ, ``Predictive``) should see it.
+
+        Before :meth:`init` it is the user's model. After it, every subsample plate is set to
+        all of its N indices, so ``az.from_numpyro(mcmc)`` and
+        ``numpyro.infer.log_likelihood(kernel.model, samples, *args)`` evaluate the full data
+        (the pointwise log-likelihood has N columns) instead of failing on a plate that has no
+        random key. The kernel itself samples the user's model (:attr:`subsampled_model`).
+        """
+        if self._potential is None:
+            return self._model
+        return _SetPlateIndices(self._model, indices=self._potential.full_indices())
+
+    @property
+    def subsampled_model(self):
+        """The user's model, with its subsample plates."""
         return self._model
 
     @property

@@ -225,7 +225,7 @@ class ConstantSGD(SGKernel):
             velocity=jnp.zeros(d, dtype),
             correction=nan,
             noise_cov=jnp.zeros((d, d) if self._preconditioner == "full" else (d,), dtype),
-            noise_state=est.init(),
+            noise_state=est.init(dtype),
             adam_state=_warmup_adam().init(theta),
             second_moment=jnp.zeros(d, dtype),
             adam_steps=jnp.asarray(adam_steps, jnp.int32),

@@ -67,14 +67,14 @@ def _outer(a, b, full):
     return a.T @ b if full else jnp.sum(a * b, axis=0)
 
 
-def noise_estimator(method, subsample_sizes, dim, full=False, dtype=jnp.float32):
+def noise_estimator(method, subsample_sizes, dim, full=False):
     """Build an estimator of the per-plate gradient noise Q_p (see the module docstring).
 
     :param str method: one of :data:`NOISE_ESTIMATORS`.
     :param tuple subsample_sizes: S_p for every subsample plate.
     :param int dim: D.
     :param bool full: keep the full D × D matrix (else the diagonal only).
-    :return: :class:`NoiseEstimator` ``(init() -> NoiseState,
+    :return: :class:`NoiseEstimator` ``(init(dtype) -> NoiseState,
         update(state, per_example_grads, active) -> NoiseState, final(state) -> tuple of Q_p)``.
     """
     if method not in NOISE_ESTIMATORS:
@@ -83,7 +83,7 @@ def noise_estimator(method, subsample_sizes, dim, full=False, dtype=jnp.float32)
         )
     shape = (dim, dim) if full else (dim,)
 
-    def init():
+    def init(dtype=jnp.float32):
         zeros = tuple(jnp.zeros(dim, dtype) for _ in subsample_sizes)
         second = tuple(jnp.zeros(shape, dtype) for _ in subsample_sizes)
         return NoiseState(jnp.zeros((), jnp.int32), zeros, second)

@@ -109,6 +109,11 @@ class _FlatView:
         return out
 
 
+def as_jax_args(tree):
+    """NumPy arrays in model arguments become JAX arrays, so traced minibatch indices can index them."""
+    return jax.tree.map(lambda x: jnp.asarray(x) if isinstance(x, np.ndarray) else x, tree)
+
+
 def _site_plates(site, plate_names):
     return [f.name for f in site["cond_indep_stack"] if f.name in plate_names]
 
@@ -224,7 +229,7 @@ class SubsampledPotential:
 
     def initial_params(self, rng_key, model_args=(), model_kwargs=None, init_strategy=init_to_uniform):
         """Unconstrained initial θ (flat) for one chain, following ``init_strategy``."""
-        model_kwargs = {} if model_kwargs is None else model_kwargs
+        model_args, model_kwargs = as_jax_args((model_args, {} if model_kwargs is None else model_kwargs))
         idx = {p.name: jnp.arange(p.subsample_size) for p in self.plates}
         # substitute must be outside seed so that the init strategy finds the seeded key
         m = handlers.substitute(
@@ -276,7 +281,7 @@ class SubsampledPotential:
 
     def potential(self, theta, indices, model_args=(), model_kwargs=None, params=None):
         """Û at flat θ with the plates substituted by ``indices`` (NumPyro's N/len(idx) scale)."""
-        model_kwargs = {} if model_kwargs is None else model_kwargs
+        model_args, model_kwargs = as_jax_args((model_args, {} if model_kwargs is None else model_kwargs))
         model = _SetPlateIndices(self._with_params(params), indices=indices)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
@@ -323,7 +328,7 @@ class SubsampledPotential:
         Deterministic sites inside a subsample plate depend on the minibatch and are left
         out; use :class:`numpyro.infer.Predictive` with the samples to get them.
         """
-        model_kwargs = {} if model_kwargs is None else model_kwargs
+        model_args, model_kwargs = as_jax_args((model_args, {} if model_kwargs is None else model_kwargs))
         idx = {p.name: jnp.arange(p.subsample_size) for p in self.plates}
         model = _SetPlateIndices(self._with_params(params), indices=idx)
         with warnings.catch_warnings():
@@ -366,8 +371,8 @@ def _permute(key, x, n):
 
     def encrypt(v):
         left, right = v >> half, v & mask
-        for k in round_keys:
-            f = random.bits(random.fold_in(k, right), dtype=jnp.uint32) & mask
+        for r in range(4):
+            f = random.bits(random.fold_in(round_keys[r], right), dtype=jnp.uint32) & mask
             left, right = right, left ^ f
         return (left << half) | right
 

@@ -1,0 +1,64 @@
+"""Shared fixtures: float64, a persistent compilation cache, and exact reference problems."""
+
+import os
+
+import jax
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+
+numpyro.enable_x64()
+jax.config.update(
+    "jax_compilation_cache_dir",
+    os.environ.get("JAX_COMPILATION_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".jax_cache")),
+)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+class ConjugateLinearRegression:
+    """y = X w + ε, ε ~ N(0, σ²) with σ known, prior w ~ N(0, τ² I): the posterior is exact.
+
+    Features are correlated (AR(1) correlation ``rho`` between neighbouring columns) and have
+    unequal scales ``scales``, so scalar, diagonal and full preconditioners differ.
+    """
+
+    def __init__(self, n=20_000, d=6, s=200, rho=0.8, scales=None, noise=1.0, prior_scale=1.0, seed=0):
+        rng = np.random.default_rng(seed)
+        scales = np.linspace(1.0, 3.0, d) if scales is None else np.asarray(scales, float)
+        corr = rho ** np.abs(np.subtract.outer(np.arange(d), np.arange(d)))
+        chol = np.linalg.cholesky(corr)
+        self.X = (rng.standard_normal((n, d)) @ chol.T) * scales
+        self.w_true = rng.standard_normal(d)
+        self.y = self.X @ self.w_true + noise * rng.standard_normal(n)
+        self.n, self.d, self.s, self.noise, self.prior_scale = n, d, s, noise, prior_scale
+        precision = np.eye(d) / prior_scale**2 + self.X.T @ self.X / noise**2
+        self.post_cov = np.linalg.inv(precision)
+        self.post_mean = self.post_cov @ (self.X.T @ self.y) / noise**2
+        self.hessian = precision  # A_U, constant
+
+    def model(self, X, y=None):
+        w = numpyro.sample("w", dist.Normal(0, self.prior_scale).expand([X.shape[1]]).to_event(1))
+        with numpyro.plate("data", X.shape[0], subsample_size=self.s) as idx:
+            numpyro.sample("y", dist.Normal(X[idx] @ w, self.noise), obs=y[idx])
+
+    @property
+    def args(self):
+        return (self.X, self.y)
+
+    def noise_cov(self, w=None):
+        """Exact Q = N² Cov_n[∇ log p(y_n|w)] / S at ``w`` (default: the posterior mean)."""
+        w = self.post_mean if w is None else w
+        r = (self.y - self.X @ w) / self.noise**2
+        g = self.n * r[:, None] * self.X  # single-example potential gradient, minus the prior part
+        return np.cov(g, rowvar=False, bias=True) / self.s
+
+
+@pytest.fixture(scope="session")
+def linreg():
+    return ConjugateLinearRegression()
+
+
+@pytest.fixture(scope="session")
+def small_linreg():
+    return ConjugateLinearRegression(n=2_000, d=3, s=50, rho=0.5, seed=1)

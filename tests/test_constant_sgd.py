@@ -1,0 +1,201 @@
+"""ConstantSGD against exact answers: the conjugate posterior and the Lyapunov (OU) covariance."""
+
+import warnings
+
+import arviz as az
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from numpyro.infer import MCMC
+
+from numpyro_sgd import ConstantSGD, gaussian_kl, lyapunov_covariance
+
+PRECONDITIONERS = ["full", "diag", "sqrt", "scalar"]
+
+
+@pytest.fixture(scope="module")
+def runs(linreg):
+    """One long vectorized run per preconditioner on the conjugate linear regression."""
+    out = {}
+    for pc in PRECONDITIONERS:
+        mcmc = MCMC(ConstantSGD(linreg.model, preconditioner=pc, steps_per_sample=10),
+                    num_warmup=300, num_samples=4000, num_chains=4, chain_method="vectorized",
+                    progress_bar=False)
+        mcmc.run(jax.random.key(0), *linreg.args)
+        out[pc] = mcmc
+    return out
+
+
+def _draws(mcmc):
+    return np.asarray(mcmc.get_samples(group_by_chain=True)["w"])
+
+
+def _predicted_cov(mcmc, problem):
+    precond = np.asarray(mcmc.last_state.kernel_state.preconditioner[0])
+    return lyapunov_covariance(precond, problem.hessian, problem.noise_cov(), discrete=True)
+
+
+def test_full_preconditioner_matches_posterior(runs, linreg):
+    w = _draws(runs["full"])
+    kl = gaussian_kl(w.reshape(-1, linreg.d), (linreg.post_mean, linreg.post_cov))
+    # Gaussian-fit bias ≈ (D(D+1)/4 + D/2)/n_eff = 13.5/1800 ≈ 0.008 with the ESS seen here;
+    # the acceptance criterion of the foundation issue is 0.1.
+    assert kl < 0.1, kl
+
+
+def test_kl_ordering_matches_theory(runs, linreg):
+    """Thm. 1 / Cor. 1 / Thm. 2: the full optimum is exact; the diagonal family contains the
+    scalar one, so KL(full) < KL(diag) < KL(scalar), and the empirical KL follows the KL that
+    the Lyapunov prediction of each frozen preconditioner implies."""
+    kl, kl_pred = {}, {}
+    for pc, mcmc in runs.items():
+        kl[pc] = gaussian_kl(_draws(mcmc).reshape(-1, linreg.d), (linreg.post_mean, linreg.post_cov))
+        kl_pred[pc] = gaussian_kl((linreg.post_mean, _predicted_cov(mcmc, linreg)), (linreg.post_mean, linreg.post_cov))
+    assert kl["full"] < kl["diag"] < kl["scalar"], kl
+    assert kl_pred["full"] < kl_pred["diag"] < kl_pred["scalar"], kl_pred
+    for pc in PRECONDITIONERS:
+        # KL of a fitted Gaussian; its sampling error is dominated by the variances (checked below)
+        assert abs(kl[pc] - kl_pred[pc]) < 0.05 + 0.1 * kl_pred[pc], (pc, kl[pc], kl_pred[pc])
+
+
+@pytest.mark.parametrize("pc", PRECONDITIONERS)
+def test_iterate_covariance_matches_lyapunov(runs, linreg, pc):
+    """Empirical covariance of the iterates vs the discrete Lyapunov solution (Mandt Eq. 13/22).
+
+    Tolerance: a variance estimated from n_eff effective draws has relative sd √(2/n_eff); the
+    bulk ESS of the mean is a conservative proxy for the ESS of the squares. z = 4 covers the
+    D = 6 coordinates. The mean must sit at the posterior mean within 4 MCSE (+ the stationary
+    mean of an SGD chain on a quadratic is the mode exactly).
+    """
+    mcmc = runs[pc]
+    w = _draws(mcmc)
+    ess = az.ess(az.convert_to_dataset({"w": w}))["w"].values
+    pred = _predicted_cov(mcmc, linreg)
+    emp = np.cov(w.reshape(-1, linreg.d), rowvar=False)
+    rel = np.diag(emp) / np.diag(pred) - 1
+    np.testing.assert_array_less(np.abs(rel), 4 * np.sqrt(2 / ess))
+    mcse = np.sqrt(np.diag(emp) / ess)
+    np.testing.assert_array_less(np.abs(w.reshape(-1, linreg.d).mean(0) - linreg.post_mean), 4 * mcse)
+
+
+def test_noise_estimate_matches_exact(runs, linreg):
+    """The frozen noise covariance (warmup estimate) vs the exact Q at the posterior mean.
+
+    400 warmup steps × S = 200 per-example gradients: relative sd of a variance ≈ √(2/80000)·κ
+    (κ² the kurtosis factor of x·r, ≈ 3 here), so 10 % is > 5 sd."""
+    q = np.asarray(runs["full"].last_state.kernel_state.noise_cov[0])
+    exact = linreg.noise_cov()
+    np.testing.assert_allclose(np.diag(q), np.diag(exact), rtol=0.1)
+    q_diag = np.asarray(runs["diag"].last_state.kernel_state.noise_cov[0])
+    np.testing.assert_allclose(q_diag, np.diag(exact), rtol=0.1)
+
+
+def test_step_size_is_kl_optimal_epsilon(runs, linreg):
+    """ε* of Thm. 1 (scalar) recomputed from the frozen noise estimate: 2 S D / (N Tr C) · c/2."""
+    ks = runs["scalar"].last_state.kernel_state
+    q = np.asarray(ks.noise_cov[0])
+    c = float(ks.correction[0])
+    assert c == pytest.approx(2 * linreg.n / (linreg.n + linreg.s))
+    c_per_datum = linreg.s * q / linreg.n**2  # C = S Q / N²
+    eps = c / 2 * 2 * linreg.s * linreg.d / (linreg.n * np.sum(c_per_datum))
+    assert float(ks.step_size[0]) == pytest.approx(eps, rel=1e-6)
+
+
+def test_user_step_size_overrides_epsilon(small_linreg):
+    mcmc = MCMC(ConstantSGD(small_linreg.model, "scalar", step_size=1e-3), num_warmup=100, num_samples=10,
+                progress_bar=False)
+    mcmc.run(jax.random.key(1), *small_linreg.args)
+    ks = mcmc.last_state.kernel_state
+    assert float(ks.step_size) == pytest.approx(1e-3)
+    assert float(ks.preconditioner) == pytest.approx(1e-3 / small_linreg.n)  # P = ε / N
+
+
+def test_momentum_samples_posterior(small_linreg):
+    """Sec. 3.3: with damping μ the optimal ε is μ ε*; the stationary law stays near the posterior."""
+    p = small_linreg
+    mcmc = MCMC(ConstantSGD(p.model, "full", momentum=0.5, steps_per_sample=5), num_warmup=400,
+                num_samples=4000, num_chains=2, chain_method="vectorized", progress_bar=False)
+    mcmc.run(jax.random.key(2), *p.args)
+    w = np.asarray(mcmc.get_samples()["w"])
+    kl = gaussian_kl(w, (p.post_mean, p.post_cov))
+    # the momentum dynamics is only continuous-time optimal; measured ≈ 0.02 here
+    assert kl < 0.1, kl
+    ks = mcmc.last_state.kernel_state
+    assert np.allclose(np.asarray(ks.momentum), 0.5)
+
+
+def test_constrained_site_on_its_support():
+    """A HalfNormal scale is sampled on the log scale and returned positive, near the truth."""
+    rng = np.random.default_rng(3)
+    n, sigma_true = 5000, 0.7
+    y = 1.5 + sigma_true * rng.standard_normal(n)
+
+    def model(y):
+        mu = numpyro.sample("mu", dist.Normal(0, 10))
+        sigma = numpyro.sample("sigma", dist.HalfNormal(1.0))
+        with numpyro.plate("data", y.shape[0], subsample_size=100) as idx:
+            numpyro.sample("obs", dist.Normal(mu, sigma), obs=y[idx])
+
+    mcmc = MCMC(ConstantSGD(model, "full", steps_per_sample=5), num_warmup=400, num_samples=2000,
+                num_chains=2, chain_method="vectorized", progress_bar=False)
+    mcmc.run(jax.random.key(4), jnp.asarray(y))
+    s = mcmc.get_samples()
+    assert np.all(np.asarray(s["sigma"]) > 0)
+    # posterior of σ: mean ≈ sample sd, sd ≈ σ/√(2n) = 0.007; z = 5 plus Monte Carlo slack
+    assert abs(float(s["sigma"].mean()) - y.std()) < 5 * sigma_true / np.sqrt(2 * n)
+    assert abs(float(s["sigma"].std()) / (y.std() / np.sqrt(2 * n)) - 1) < 0.3
+    assert abs(float(s["mu"].mean()) - y.mean()) < 5 * sigma_true / np.sqrt(n)
+
+
+def test_short_warmup_warns(small_linreg):
+    k = ConstantSGD(small_linreg.model)
+    with pytest.warns(UserWarning, match="warmup SG steps cannot estimate the gradient noise"):
+        k.init(jax.random.key(0), 5, None, small_linreg.args, {})
+
+
+def test_without_warmup_no_step_is_taken_silently(small_linreg):
+    """No warmup: the preconditioner is undefined, so every step is rejected and counted."""
+    mcmc = MCMC(ConstantSGD(small_linreg.model), num_warmup=0, num_samples=20, progress_bar=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mcmc.run(jax.random.key(0), *small_linreg.args)
+    assert int(mcmc.last_state.num_divergences) == 20
+    assert np.all(np.isfinite(np.asarray(mcmc.get_samples()["w"])))
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"preconditioner": "dense"}, "unknown preconditioner 'dense'"),
+        ({"step_size": -1.0}, "step_size must be a positive float"),
+        ({"step_size": 0.0}, "step_size must be a positive float"),
+        ({"momentum": 0.0}, "momentum"),
+        ({"momentum": 1.5}, "momentum"),
+        ({"noise_estimator": "magic"}, "unknown noise_estimator"),
+        ({"adam_fraction": 0.9, "noise_window": 0.4}, "adam_fraction"),
+        ({"adam_lr": (0.1,)}, "adam_lr"),
+        ({"warmup_max_step": 0.0}, "warmup_max_step"),
+        ({"steps_per_sample": 0}, "steps_per_sample"),
+        ({"subsample": "shuffle"}, "'shuffle' is allowed only as warmup_subsample"),
+        ({"warmup_subsample": "random"}, "warmup_subsample must be one of"),
+    ],
+)
+def test_bad_arguments(small_linreg, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ConstantSGD(small_linreg.model, **kwargs)
+
+
+def test_noise_estimator_needs_two_examples():
+    def model(y):
+        mu = numpyro.sample("mu", dist.Normal(0, 1))
+        with numpyro.plate("data", y.shape[0], subsample_size=1) as idx:
+            numpyro.sample("obs", dist.Normal(mu, 1), obs=y[idx])
+
+    y = jnp.zeros(10)
+    with pytest.raises(ValueError, match="needs subsample_size >= 2"):
+        ConstantSGD(model, noise_estimator="minibatch").init(jax.random.key(0), 100, None, (y,), {})
+    # the default falls back to the pooled estimator, which works with S = 1
+    ConstantSGD(model).init(jax.random.key(0), 100, None, (y,), {})
