@@ -292,7 +292,8 @@ class SGKernel(MCMCKernel):
         )
         theta = potential.view.ravel(state.z)
         new_theta, ks, pe, evals = update(k_step, state.i, theta, state.kernel_state, oracle)
-        ok = jnp.isfinite(pe) & _all_finite(new_theta) & _all_finite(ks, state.kernel_state)
+        ok = (jnp.isfinite(pe) & _all_finite(new_theta) & potential.constrained_is_finite(new_theta)
+              & _all_finite(ks, state.kernel_state))
         new_theta = jnp.where(ok, new_theta, theta)
         ks = jax.tree.map(lambda new, old: jnp.where(ok, new, old), ks, state.kernel_state)
         if finalize:

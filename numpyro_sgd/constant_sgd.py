@@ -166,9 +166,13 @@ class ConstantSGD(SGKernel):
         if step_size is not None and not (isinstance(step_size, (int, float)) and step_size > 0):
             raise ValueError(f"ConstantSGD: step_size must be a positive float or None (use ε*), got {step_size!r}.")
         if not 0 < momentum <= 1:
-            raise ValueError(f"ConstantSGD: momentum (damping μ) must lie in (0, 1], got {momentum}; 1 means no momentum.")
+            raise ValueError(
+                f"ConstantSGD: momentum (damping μ) must lie in (0, 1], got {momentum}; 1 means no momentum."
+            )
         if noise_estimator is not None and noise_estimator not in NOISE_ESTIMATORS:
-            raise ValueError(f"ConstantSGD: unknown noise_estimator {noise_estimator!r}; choose one of {NOISE_ESTIMATORS}.")
+            raise ValueError(
+                f"ConstantSGD: unknown noise_estimator {noise_estimator!r}; choose one of {NOISE_ESTIMATORS}."
+            )
         if not (0 <= adam_fraction < 1 and 0 < noise_window <= 1 - adam_fraction):
             raise ValueError(
                 "ConstantSGD: need 0 <= adam_fraction < 1 and 0 < noise_window <= 1 - adam_fraction, "

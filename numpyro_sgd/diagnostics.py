@@ -1,12 +1,40 @@
-"""Comparing samples with a reference: Gaussian KL divergences and moment errors."""
+"""How far is it from the truth? ArviZ data, Gaussian KL, moment errors, comparison tables, plots.
+
+* :func:`to_arviz` — ArviZ data of a run of this package's kernels with the *full-data*
+  pointwise log-likelihood (computed in chunks), the full observed data and SG sample stats.
+  ArviZ 0.23 (``InferenceData``) and 1.x (``DataTree``).
+* :func:`gaussian_kl`, :func:`moment_errors` — the papers' accuracy measures.
+* :func:`compare` — one table (pandas) with a row per run against a reference (a NUTS run,
+  ArviZ data, reference draws such as posteriordb's ``.npz``, or an exact Gaussian).
+* :func:`plot_marginals`, :func:`plot_ellipses`, :func:`plot_convergence` — PNGs, headless.
+"""
 
 from __future__ import annotations
 
+import inspect
+import math
+
+import jax
+import jax.numpy as jnp
 import numpy as np
+from numpyro import handlers
 
-__all__ = ["gaussian_kl", "fit_gaussian"]
+__all__ = [
+    "gaussian_kl",
+    "fit_gaussian",
+    "moment_errors",
+    "pointwise_log_likelihood",
+    "to_arviz",
+    "draws_of",
+    "compare",
+    "plot_marginals",
+    "plot_ellipses",
+    "plot_convergence",
+    "convergence_curve",
+]
 
 
+# ---------------------------------------------------------------------------- Gaussian KL
 def fit_gaussian(x):
     """``(mean, cov)`` from a ``(mean, cov)`` pair or from draws of shape (..., D).
 
@@ -46,3 +74,403 @@ def gaussian_kl(p, q):
     diff = np.linalg.solve(lq, mq - mp)
     logdet = 2 * (np.sum(np.log(np.diag(lq))) - np.sum(np.log(np.diag(lp))))
     return 0.5 * (np.sum(a**2) + diff @ diff - d + logdet)
+
+
+def moment_errors(draws, ref_mean, ref_sd):
+    """``(max_j |mean_j − ref_mean_j| / ref_sd_j, max_j |sd_j / ref_sd_j − 1|)`` of draws (..., P)."""
+    x = np.asarray(draws, dtype=float).reshape(-1, np.shape(ref_mean)[-1])
+    ref_mean, ref_sd = np.asarray(ref_mean, float), np.asarray(ref_sd, float)
+    return (float(np.max(np.abs(x.mean(0) - ref_mean) / ref_sd)),
+            float(np.max(np.abs(x.std(0, ddof=1) / ref_sd - 1))))
+
+
+# ---------------------------------------------------------------------------- ArviZ
+def _arviz():
+    import arviz as az
+
+    return az
+
+
+def _arviz_from_dict(groups, **kwargs):
+    """``az.from_dict`` for ArviZ 0.23 (groups as keywords) and 1.x (one dict of groups)."""
+    az = _arviz()
+    if "data" in inspect.signature(az.from_dict).parameters:
+        return az.from_dict(groups, **kwargs)
+    return az.from_dict(**groups, **kwargs)
+
+
+def _kernel_of(mcmc):
+    from .base import SGKernel
+
+    kernel = getattr(mcmc, "sampler", None)
+    if not isinstance(kernel, SGKernel):
+        raise TypeError(
+            "to_arviz: expected an MCMC run of a numpyro_sgd kernel; use az.from_numpyro for other kernels."
+        )
+    return kernel
+
+
+def pointwise_log_likelihood(kernel, samples, model_args=(), model_kwargs=None, chunk_size=10_000,
+                             batch_ndims=2):
+    """Full-data pointwise log-likelihood of every observed site in a subsample plate.
+
+    The plate is set to chunks of ``chunk_size`` consecutive indices (never to a random
+    minibatch), so memory stays O(draws × chunk) per evaluation; the result for site ``k`` in a
+    plate of size N has shape ``batch + (N,)`` (event dimensions summed).
+
+    :param kernel: a numpyro_sgd kernel after ``init`` (e.g. ``mcmc.sampler``).
+    :param dict samples: constrained samples with ``batch_ndims`` leading dimensions.
+    """
+    from .potential import _SetPlateIndices, as_jax_args
+
+    model_args, model_kwargs = as_jax_args((model_args, {} if model_kwargs is None else model_kwargs))
+    potential = kernel.potential
+    samples = {k: jnp.asarray(v) for k, v in samples.items() if k in potential.view.names}
+    batch_shape = next(iter(samples.values())).shape[:batch_ndims]
+    flat = {k: v.reshape((-1,) + v.shape[batch_ndims:]) for k, v in samples.items()}
+    model = kernel.subsampled_model
+    if potential.param_values:
+        model = handlers.substitute(model, data=potential.param_values)
+    out = {}
+    for plate in potential.plates:
+        sites = potential.observed[plate.name]
+        if not sites:
+            continue
+        pieces = {k: [] for k in sites}
+        for start in range(0, plate.size, chunk_size):
+            idx = {p.name: jnp.arange(min(p.subsample_size, p.size)) for p in potential.plates}
+            idx[plate.name] = jnp.arange(start, min(start + chunk_size, plate.size))
+
+            def one(values, _idx=idx):
+                m = handlers.substitute(_SetPlateIndices(model, indices=_idx), data=values)
+                tr = handlers.trace(m).get_trace(*model_args, **model_kwargs)
+                res = {}
+                for k in sites:
+                    lp = tr[k]["fn"].log_prob(tr[k]["value"])
+                    # sum event/inner-plate dims so that one column is one datum of the plate
+                    res[k] = jnp.reshape(lp, (lp.shape[0], -1)).sum(-1) if lp.ndim > 1 else lp
+                return res
+
+            chunk = jax.jit(jax.vmap(one))(flat)
+            for k in sites:
+                pieces[k].append(np.asarray(chunk[k]))
+        for k in sites:
+            out[k] = np.concatenate(pieces[k], axis=-1).reshape(batch_shape + (plate.size,))
+    return out
+
+
+def _observed_data(kernel, model_args, model_kwargs):
+    from .potential import _SetPlateIndices, as_jax_args
+
+    model_args, model_kwargs = as_jax_args((model_args, {} if model_kwargs is None else model_kwargs))
+    potential = kernel.potential
+    model = _SetPlateIndices(kernel.subsampled_model, indices=potential.full_indices())
+    tr = handlers.trace(handlers.seed(model, 0)).get_trace(*model_args, **model_kwargs)
+    out = {}
+    for sites in potential.observed.values():
+        for k in sites:
+            if tr[k]["fn"].__class__.__name__ != "Unit":  # numpyro.factor sites have no data
+                out[k] = np.asarray(tr[k]["value"])
+    return out
+
+
+def to_arviz(mcmc, *args, chunk_size=10_000, log_likelihood=True, **kwargs):
+    """ArviZ data of an ``MCMC`` run of a numpyro_sgd kernel, correct for subsampled models.
+
+    Groups: ``posterior`` (constrained samples), ``log_likelihood`` (full-data pointwise, shape
+    (chains, draws, N) per observed site, computed in chunks; ``az.loo`` works on it),
+    ``observed_data`` (all N observations), ``sample_stats`` (``diverging``, ``data_passes`` and
+    ``potential_energy`` when collected as extra fields, the frozen ``step_size``), and the
+    attributes ``num_divergences`` and ``data_passes`` of the final state.
+
+    :param mcmc: a finished :class:`numpyro.infer.MCMC` run of a numpyro_sgd kernel.
+    :param args, kwargs: the model arguments (default: those of the last ``mcmc.run``).
+    :return: ``arviz.InferenceData`` (ArviZ 0.23) or ``xarray.DataTree`` (ArviZ 1.x).
+    """
+    kernel = _kernel_of(mcmc)
+    if not args and not kwargs:
+        args, kwargs = mcmc._args, mcmc._kwargs
+    samples = {k: np.asarray(v) for k, v in mcmc.get_samples(group_by_chain=True).items()}
+    groups = {"posterior": samples}
+    extra = {k: np.asarray(v) for k, v in mcmc.get_extra_fields(group_by_chain=True).items()}
+    stats = {}
+    for name in ("diverging", "data_passes", "potential_energy"):
+        if name in extra:
+            stats[name] = extra[name]
+    last = mcmc.last_state
+    step = getattr(last.kernel_state, "step_size", None)
+    chains, draws = next(iter(samples.values())).shape[:2]
+    if step is not None:
+        step = np.broadcast_to(np.asarray(step, float).reshape(-1)[:chains], (chains,))
+        stats["step_size"] = np.repeat(step[:, None], draws, axis=1)
+    groups["sample_stats"] = stats
+    if log_likelihood:
+        groups["log_likelihood"] = pointwise_log_likelihood(kernel, samples, args, kwargs, chunk_size)
+        groups["observed_data"] = _observed_data(kernel, args, kwargs)
+    attrs = {
+        "inference_library": "numpyro_sgd",
+        "kernel": type(kernel).__name__,
+        "num_divergences": int(np.sum(np.asarray(last.num_divergences))),
+        "data_passes": float(np.sum(np.asarray(last.data_passes))),
+    }
+    return _arviz_from_dict(groups, attrs=attrs)
+
+
+# ---------------------------------------------------------------------------- comparison
+def _transforms_from(runs, transforms):
+    if transforms is not None:
+        return transforms
+    from .base import SGKernel
+
+    for run in runs.values():
+        kernel = getattr(run, "sampler", None)
+        if isinstance(kernel, SGKernel) and kernel._potential is not None:
+            return kernel.potential.transforms
+    return {}
+
+
+def _site_arrays(x):
+    """dict site -> (chains, draws, ...) numpy arrays from an MCMC run, ArviZ data or a dict."""
+    if hasattr(x, "get_samples"):
+        return {k: np.asarray(v) for k, v in x.get_samples(group_by_chain=True).items()}
+    try:  # ArviZ InferenceData / DataTree
+        post = x["posterior"]
+        return {k: np.asarray(post[k].values) for k in post.data_vars}
+    except (KeyError, TypeError, AttributeError):
+        pass
+    if hasattr(x, "files"):  # np.load(...) of an .npz
+        return {k: np.asarray(x[k]) for k in x.files if k not in ("param_names", "flat_names")}
+    if isinstance(x, dict):
+        return {k: np.asarray(v) for k, v in x.items()}
+    raise TypeError(f"compare: cannot read draws from {type(x).__name__}")
+
+
+def draws_of(run, names, transforms=None, unconstrained=False):
+    """Draws of ``run`` as an array (chains, draws, P): the sites ``names`` flattened in order,
+    optionally mapped to the unconstrained scale with ``transforms`` (site -> transform from
+    unconstrained to constrained, e.g. ``kernel.potential.transforms``)."""
+    arrays = _site_arrays(run)
+    cols = []
+    for k in names:
+        a = arrays[k]
+        if unconstrained and transforms and k in transforms:
+            a = np.asarray(transforms[k].inv(jnp.asarray(a)))
+        cols.append(a.reshape(a.shape[:2] + (-1,)))
+    return np.concatenate(cols, axis=-1)
+
+
+def _ess(draws):
+    """min bulk and min tail ESS over the columns of (chains, draws, P)."""
+    az = _arviz()
+    bulk = [float(az.ess(draws[..., j], method="bulk")) for j in range(draws.shape[-1])]
+    tail = [float(az.ess(draws[..., j], method="tail")) for j in range(draws.shape[-1])]
+    return min(bulk), min(tail)
+
+
+def _data_passes(run):
+    state = getattr(run, "last_state", None)
+    if state is not None and hasattr(state, "data_passes"):
+        return float(np.sum(np.asarray(state.data_passes)))
+    try:  # NUTS with num_steps collected: every leapfrog step is one full-data gradient
+        return float(np.sum(np.asarray(run.get_extra_fields()["num_steps"])))
+    except (AttributeError, KeyError, TypeError):
+        return float("nan")
+
+
+def _divergences(run):
+    state = getattr(run, "last_state", None)
+    if state is not None and hasattr(state, "num_divergences"):
+        return int(np.sum(np.asarray(state.num_divergences)))
+    try:
+        return int(np.sum(np.asarray(run.get_extra_fields()["diverging"])))
+    except (AttributeError, KeyError, TypeError):
+        return -1
+
+
+def compare(runs, reference, *, names=None, transforms=None, wall_times=None, data_passes=None):
+    """One row per run: how far its draws are from ``reference``.
+
+    Columns: ``kl_q_ref`` = KL(q ‖ ref) and ``kl_ref_q`` = KL(ref ‖ q) between Gaussians fitted on
+    the unconstrained scale; ``max_mean_err_sd`` = max_j |mean_j − ref_j| / ref_sd_j and
+    ``max_sd_rel_err`` = max_j |sd_j/ref_sd_j − 1| (constrained scale for draw references,
+    unconstrained for a Gaussian reference); ``min_ess_bulk``, ``min_ess_tail`` (ArviZ);
+    ``ess_per_s``, ``ess_per_pass`` (min bulk ESS per wall second / per data pass);
+    ``wall_s``; ``data_passes`` (per-datum gradients / N summed over chains; NUTS: leapfrog
+    steps, if ``num_steps`` was collected); ``divergences``.
+
+    :param dict runs: name -> MCMC run, ArviZ data or dict of (chains, draws, ...) arrays.
+    :param reference: an MCMC run (e.g. long NUTS), ArviZ data, a dict / ``np.load`` of reference
+        draws (chains, draws, ...), or an exact Gaussian ``(mean, cov)`` on the unconstrained scale.
+    :param names: sites to compare (default: the reference's sites, or the first run's).
+    :param transforms: site -> transform to the support (default: from the first numpyro_sgd run).
+    :param dict wall_times: name -> seconds. :param dict data_passes: name -> passes (overrides).
+    :return: ``pandas.DataFrame`` indexed by run name.
+    """
+    import pandas as pd
+
+    transforms = _transforms_from(runs, transforms)
+    gaussian_ref = isinstance(reference, (tuple, list)) and len(reference) == 2
+    if names is None:
+        src = next(iter(runs.values())) if gaussian_ref else reference
+        names = sorted(k for k in _site_arrays(src) if k in (transforms or _site_arrays(src)))
+    if gaussian_ref:
+        ref_u = fit_gaussian(reference)
+        ref_mean, ref_sd = ref_u[0], np.sqrt(np.diag(ref_u[1]))
+    else:
+        ref_c = draws_of(reference, names).reshape(-1, sum(
+            int(np.prod(_site_arrays(reference)[k].shape[2:], dtype=int)) for k in names))
+        ref_u = draws_of(reference, names, transforms, unconstrained=True)
+        ref_u = ref_u.reshape(-1, ref_u.shape[-1])
+        ref_mean, ref_sd = ref_c.mean(0), ref_c.std(0, ddof=1)
+    rows = {}
+    for name, run in runs.items():
+        u = draws_of(run, names, transforms, unconstrained=True)
+        c = u if gaussian_ref else draws_of(run, names)
+        mean_err, sd_err = moment_errors(c, ref_mean, ref_sd)
+        bulk, tail = _ess(draws_of(run, names))
+        wall = (wall_times or {}).get(name, float("nan"))
+        passes = (data_passes or {}).get(name, _data_passes(run))
+        rows[name] = {
+            "kl_q_ref": gaussian_kl(u, ref_u),
+            "kl_ref_q": gaussian_kl(ref_u, u),
+            "max_mean_err_sd": mean_err,
+            "max_sd_rel_err": sd_err,
+            "min_ess_bulk": bulk,
+            "min_ess_tail": tail,
+            "ess_per_s": bulk / wall if wall == wall else float("nan"),
+            "ess_per_pass": bulk / passes if passes and passes == passes else float("nan"),
+            "wall_s": wall,
+            "data_passes": passes,
+            "divergences": _divergences(run),
+        }
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+# ---------------------------------------------------------------------------- plots
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _labels(run, names):
+    arrays = _site_arrays(run)
+    out = []
+    for k in names:
+        shape = arrays[k].shape[2:]
+        n = int(np.prod(shape, dtype=int))
+        out += [k] if n == 1 else [f"{k}[{i}]" for i in range(n)]
+    return out
+
+
+def plot_marginals(runs, reference, path, *, names=None, max_params=12, bins=60):
+    """Marginal densities of every run overlaid on the reference's, one panel per scalar
+    parameter (constrained scale); saved as PNG at ``path``."""
+    plt = _pyplot()
+    names = names or sorted(_site_arrays(reference))
+    ref = draws_of(reference, names).reshape(-1, sum(1 for _ in _labels(reference, names)))
+    labels = _labels(reference, names)[:max_params]
+    cols = min(4, len(labels))
+    rows = math.ceil(len(labels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows), squeeze=False)
+    for j, label in enumerate(labels):
+        ax = axes.flat[j]
+        lo, hi = np.quantile(ref[:, j], [0.001, 0.999])
+        pad = 0.5 * (hi - lo)
+        edges = np.linspace(lo - pad, hi + pad, bins)
+        ax.hist(ref[:, j], edges, density=True, color="0.8", label="reference")
+        for name, run in runs.items():
+            x = draws_of(run, names).reshape(-1, ref.shape[1])[:, j]
+            ax.hist(x, edges, density=True, histtype="step", lw=1.3, label=name)
+        ax.set_title(label, fontsize=9)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(labels):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _ellipse(mean, cov, nsd=2.0, n=200):
+    vals, vecs = np.linalg.eigh(cov)
+    t = np.linspace(0, 2 * np.pi, n)
+    circle = np.stack([np.cos(t), np.sin(t)])
+    return (mean[:, None] + vecs @ (nsd * np.sqrt(np.maximum(vals, 0))[:, None] * circle)).T
+
+
+def plot_ellipses(runs, reference, path, *, names=None, transforms=None):
+    """2-sd covariance ellipses of every run and of the reference in the plane spanned by the
+    reference's smallest and largest principal directions, unconstrained and centred on the
+    reference mean (the view of Mandt et al. Fig. 1); saved as PNG at ``path``."""
+    plt = _pyplot()
+    transforms = _transforms_from(runs, transforms)
+    if isinstance(reference, (tuple, list)) and len(reference) == 2:
+        m_ref, c_ref = fit_gaussian(reference)
+        names = names or sorted(_site_arrays(next(iter(runs.values()))))
+    else:
+        names = names or sorted(_site_arrays(reference))
+        m_ref, c_ref = fit_gaussian(draws_of(reference, names, transforms, unconstrained=True))
+    vals, vecs = np.linalg.eigh(c_ref)
+    basis = np.stack([vecs[:, 0], vecs[:, -1]], axis=1)  # smallest, largest
+    fig, ax = plt.subplots(figsize=(5, 4.5))
+    e = _ellipse(np.zeros(2), basis.T @ c_ref @ basis)
+    ax.fill(e[:, 0], e[:, 1], color="0.85", label="reference")
+    for name, run in runs.items():
+        m, c = fit_gaussian(draws_of(run, names, transforms, unconstrained=True))
+        e = _ellipse(basis.T @ (m - m_ref), basis.T @ c @ basis)
+        ax.plot(e[:, 0], e[:, 1], lw=1.4, label=name)
+    ax.set_xlabel(f"smallest principal direction (sd {np.sqrt(vals[0]):.3g})")
+    ax.set_ylabel(f"largest principal direction (sd {np.sqrt(vals[-1]):.3g})")
+    ax.set_title("2-sd ellipses, unconstrained scale")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_convergence(curves, path, *, ylabel="KL(q ‖ reference)", logx=True, logy=True):
+    """A metric against data passes, one line per run: ``curves`` maps a name to
+    ``(data_passes, values)``; saved as PNG at ``path``."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for name, (x, y) in curves.items():
+        ax.plot(x, y, marker="o", ms=3, lw=1.3, label=name)
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel("data passes (per-datum gradients / N)")
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def convergence_curve(run, reference, *, names=None, transforms=None, num_points=12):
+    """KL(q ‖ reference) of the draws collected up to each checkpoint against data passes.
+
+    ``run`` must be an MCMC run of a numpyro_sgd kernel with ``extra_fields=("data_passes",)``
+    collected; checkpoints are log-spaced over the collected draws. Returns ``(passes, kl)``.
+    """
+    transforms = _transforms_from({"run": run}, transforms)
+    gaussian_ref = isinstance(reference, (tuple, list)) and len(reference) == 2
+    names = names or sorted(_site_arrays(run))
+    ref = reference if gaussian_ref else draws_of(reference, names, transforms, unconstrained=True)
+    u = draws_of(run, names, transforms, unconstrained=True)
+    passes = np.asarray(run.get_extra_fields(group_by_chain=True)["data_passes"])
+    n = u.shape[1]
+    ends = np.unique(np.geomspace(max(u.shape[-1] + 2, 10), n, num_points).astype(int))
+    xs, ys = [], []
+    for end in ends:
+        xs.append(float(np.sum(passes[:, end - 1])))
+        ys.append(gaussian_kl(u[:, :end], ref))
+    return np.array(xs), np.array(ys)

@@ -131,9 +131,12 @@ class SubsampledPotential:
     :param dict observed: plate name -> names of observed sites inside it.
     :param tuple plate_deterministic: deterministic sites inside a subsample plate (they depend
         on the minibatch and are not returned by :meth:`constrain`).
+    :param str kernel_name: name used in error messages.
+    :param dict transforms: site name -> transform from unconstrained space to the support.
     """
 
-    def __init__(self, model, plates, view, param_values, observed, plate_deterministic, kernel_name):
+    def __init__(self, model, plates, view, param_values, observed, plate_deterministic, kernel_name,
+                 transforms=None):
         self.model = model
         self.plates = tuple(plates)
         self.view = view
@@ -141,6 +144,7 @@ class SubsampledPotential:
         self.observed = observed
         self.plate_deterministic = tuple(plate_deterministic)
         self.kernel_name = kernel_name
+        self.transforms = {} if transforms is None else transforms
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -209,7 +213,8 @@ class SubsampledPotential:
         }
         view = _FlatView(unconstrained)
         obs = {k: tuple(v) for k, v in observed.items()}
-        return cls(model, plates, view, params, obs, plate_det, kernel_name)
+        transforms = {k: biject_to(s["fn"].support) for k, s in latent.items()}
+        return cls(model, plates, view, params, obs, plate_det, kernel_name, transforms)
 
     # ------------------------------------------------------------------ basic facts
     @property
@@ -262,12 +267,10 @@ class SubsampledPotential:
                 if step is None or shuffle_key is None:
                     raise ValueError("draw_indices: 'shuffle' needs the step and a shuffle_key")
                 pos = step * p.subsample_size + jnp.arange(p.subsample_size)
-                epoch, rank = pos // p.size, pos % p.size
-                out[p.name] = jax.vmap(
-                    lambda e, r, _n=p.size, _k=random.fold_in(shuffle_key, j): _permute(
-                        random.fold_in(_k, e), r, _n
-                    )
-                )(epoch, rank)
+                plate_key = random.fold_in(shuffle_key, j)
+                out[p.name] = jax.vmap(_shuffled_position, (None, 0, 0, None))(
+                    plate_key, pos // p.size, pos % p.size, p.size
+                )
             else:
                 raise ValueError(f"draw_indices: unknown method {method!r}")
         return out
@@ -322,6 +325,16 @@ class SubsampledPotential:
         return self.potential(theta, self.full_indices(), model_args, model_kwargs, params)
 
     # ------------------------------------------------------------------ constraining
+    def constrained_is_finite(self, theta):
+        """Whether θ maps to finite constrained values (e.g. exp(log σ) does not overflow).
+
+        Uses the support transforms found at init (cheap, no model evaluation); a support that
+        depends on other latents is checked with its transform at the initial point.
+        """
+        z = self.view.unravel(theta)
+        checks = [jnp.all(jnp.isfinite(t(z[k]))) for k, t in self.transforms.items()]
+        return jnp.all(jnp.stack(checks)) if checks else jnp.array(True)
+
     def constrain(self, theta, model_args=(), model_kwargs=None, params=None):
         """Latent sites in their support plus global deterministic sites, from flat θ.
 
@@ -356,6 +369,11 @@ def _subset_without_replacement(rng_key, size, subsample_size):
         return key, jnp.sort(jnp.where(duplicated(i), fresh, i))
 
     return jax.lax.while_loop(cond, body, (key, idx))[1]
+
+
+def _shuffled_position(plate_key, epoch, rank, size):
+    """The datum at position ``rank`` of epoch ``epoch``'s permutation."""
+    return _permute(random.fold_in(plate_key, epoch), rank, size)
 
 
 def _permute(key, x, n):

@@ -10,7 +10,8 @@ def test_lyapunov_scalar_closed_forms():
     """1-D: continuous Σ = p q / (2a); discrete Σ = p² q / (2 p a − p² a²)."""
     p, a, q = 0.1, 2.0, 3.0
     assert lyapunov_covariance(p, [[a]], [q])[0, 0] == pytest.approx(p * q / (2 * a))
-    assert lyapunov_covariance(p, [[a]], [q], discrete=True)[0, 0] == pytest.approx(p**2 * q / (2 * p * a - (p * a) ** 2))
+    discrete = p**2 * q / (2 * p * a - (p * a) ** 2)
+    assert lyapunov_covariance(p, [[a]], [q], discrete=True)[0, 0] == pytest.approx(discrete)
 
 
 def test_lyapunov_solves_its_equations():
