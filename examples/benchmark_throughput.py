@@ -33,12 +33,19 @@ How
   ``progress_bar=False`` path of NumPyro 0.22 does *not* reuse its compiled loop across
   ``MCMC.run`` calls, even with identical arguments: ``fori_collect`` passes a freshly
   ``jax.jit``-wrapped body as a *static* argument of the jitted loop, jit wrappers hash by
-  identity, so every run re-lowers and recompiles the whole loop (seconds here; fixed upstream
-  in pyro-ppl/numpyro#2171). ``jit_model_args=True`` does not avoid it (it only shrinks the
-  program by passing X, y as arguments instead of constants). So each timed run records the
-  time JAX itself reports for tracing, lowering and backend compilation (``jax.monitoring``
-  events ``/jax/core/compile/*``) and that time is subtracted from the run's wall time. The
-  wall time including the recompilation is reported too (``with compile``).
+  identity, so every run re-lowers and recompiles the whole loop (3-5 s here, against about
+  1 s of sampling; see pyro-ppl/numpyro#2171 upstream). ``jit_model_args=True`` does not avoid
+  it (it only shrinks the program by passing X, y as arguments instead of constants). So each
+  timed run records the time JAX itself reports for tracing, lowering and backend compilation
+  (``jax.monitoring`` events ``/jax/core/compile/*``) and subtracts it from the run's wall
+  time; what remains is sampling plus the per-run Python work of ``MCMC.run`` (about 15 ms,
+  measured with K=10). The wall time including the recompilation is reported too
+  (``with compile``).
+* ``jit_model_args=False`` (NumPyro's default) is used unless ``--jit-model-args`` is given.
+  With ``jit_model_args=True`` *and* the progress bar, NumPyro passes X, y through the output
+  of its jitted per-sample step, which copies them (20 MB here) on every returned sample and
+  makes the ``+pbar`` configuration about 10x slower; the compiled-loop configurations are
+  unaffected.
 * The progress bar is written to stderr. NumPyro silently disables it when the environment
   variable ``CI`` (or ``PYTEST_XDIST_WORKER``) is set; the script then warns, since the
   ``+pbar`` configuration would measure the compiled loop instead.
@@ -199,6 +206,8 @@ def parse_args(argv=None):
                    help="MCMC(jit_model_args=True): X, y are arguments of the compiled loop, not constants")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON output (default {DEFAULT_OUT})")
     args = p.parse_args(argv)
+    if args.num_steps < SPS or args.repeats < 1:
+        p.error(f"need --num-steps >= {SPS} and --repeats >= 1")
     if args.num_steps % SPS:
         p.error(f"--num-steps must be a multiple of {SPS} (steps_per_sample of the last configuration)")
     if not 1 <= args.s <= args.n:
@@ -230,9 +239,10 @@ def main(argv=None):
         f"ConstantSGD-diag sps={SPS} +pbar": MCMCRunner(csgd_sps, X, y, seed=4),
     }
 
+    load_start = os.getloadavg()
     print(f"N={args.n} D={args.d} S={args.s} K={K} repeats={args.repeats} jit_model_args={args.jit_model_args} "
           f"jax {jax.__version__} numpyro {numpyro.__version__} on {jax.devices()[0].platform}, "
-          f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}", flush=True)
+          f"{os.cpu_count()} CPUs, load average {load_start[0]:.2f}", flush=True)
     records = {name: {"wall_s": [], "compile_s": [], "compile_events": []} for name in configs}
     t_start = time.perf_counter()
     # untimed first run: compilation (and, for ConstantSGD, the warmup)
@@ -281,7 +291,8 @@ def main(argv=None):
         lines.append(f"{name:34s} {rec['median_steps_per_s']:9.0f} {cols}   {wc} {comp:9.2f}")
     total = time.perf_counter() - t_start
     lines.append(f"medians over {args.repeats} interleaved rounds of K={K} SG steps; compile time (JAX-reported, "
-                 f"median per timed run) subtracted in 'steps/s'; total {total:.0f} s")
+                 f"median per timed run) subtracted in 'steps/s'; total {total:.0f} s; "
+                 f"load average {os.getloadavg()[0]:.2f}")
     print("\n" + "\n".join(lines))
 
     result = {
@@ -291,7 +302,7 @@ def main(argv=None):
                     "jit_model_args": args.jit_model_args},
         "environment": {"jax": jax.__version__, "numpyro": numpyro.__version__, "python": platform.python_version(),
                         "platform": jax.devices()[0].platform, "cpu_count": os.cpu_count(),
-                        "loadavg_end": os.getloadavg(), "ci_env": "CI" in os.environ},
+                        "loadavg_start": load_start, "loadavg_end": os.getloadavg(), "ci_env": "CI" in os.environ},
         "total_s": total,
         "configurations": records,
     }

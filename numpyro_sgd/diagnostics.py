@@ -91,12 +91,14 @@ def _arviz():
     return az
 
 
-def _arviz_from_dict(groups, **kwargs):
-    """``az.from_dict`` for ArviZ 0.23 (groups as keywords) and 1.x (one dict of groups)."""
+def _arviz_from_dict(groups, attrs=None):
+    """``az.from_dict`` for ArviZ 0.23 (groups as keywords, one attrs dict) and 1.x (one dict of
+    groups, attrs per group)."""
     az = _arviz()
+    attrs = attrs or {}
     if "data" in inspect.signature(az.from_dict).parameters:
-        return az.from_dict(groups, **kwargs)
-    return az.from_dict(**groups, **kwargs)
+        return az.from_dict(groups, attrs={g: dict(attrs) for g in groups})
+    return az.from_dict(**groups, attrs=attrs)
 
 
 def _kernel_of(mcmc):
@@ -263,7 +265,8 @@ def _ess(draws):
     """min bulk and min tail ESS over the columns of (chains, draws, P)."""
     az = _arviz()
     bulk = [float(az.ess(draws[..., j], method="bulk")) for j in range(draws.shape[-1])]
-    tail = [float(az.ess(draws[..., j], method="tail")) for j in range(draws.shape[-1])]
+    # tail ESS = min of the 5 % and 95 % quantile ESS (ArviZ's default, explicit for ArviZ 1.x arrays)
+    tail = [float(az.ess(draws[..., j], method="tail", prob=(0.05, 0.95))) for j in range(draws.shape[-1])]
     return min(bulk), min(tail)
 
 

@@ -104,7 +104,7 @@ def test_print_summary_and_arviz(make, capsys):
     mcmc.print_summary()
     out = capsys.readouterr().out
     assert "mu" in out and "sigma" in out and "Number of divergences: 0" in out
-    idata = az.from_numpyro(mcmc)
+    idata = az.from_numpyro(mcmc, log_likelihood=True)  # ArviZ 1.x computes it only on request
     # ArviZ 0.23 gives InferenceData, 1.x a DataTree: both support item access by group
     assert idata["posterior"]["mu"].shape == (2, 40)
     # the kernel's model property exposes the full data: pointwise log-likelihood of all N points
