@@ -19,6 +19,7 @@ constrained space, diagnostics and pickling.
 
 from __future__ import annotations
 
+import time
 import warnings
 from typing import NamedTuple
 
@@ -176,6 +177,7 @@ class SGKernel(MCMCKernel):
         self._init_strategy = init_strategy
         self._potential = None
         self._sample_fn = None
+        self._diag_time, self._diag_text = -1.0, ""
 
     # ------------------------------------------------------------------ protocol
     @property
@@ -281,11 +283,10 @@ class SGKernel(MCMCKernel):
         return postprocess
 
     # ------------------------------------------------------------------ transition
-    def _transition(self, state, model_args, model_kwargs, update, finalize=False):
+    def _transition(self, state, model_args, model_kwargs, update, method):
         """One SG step of one chain: ``update`` proposes, the base guards and accounts."""
         potential = self.potential
         key, k_step = random.split(state.rng_key)
-        method = self._warmup_subsample if update is self._warmup_update else self._subsample
         oracle = MinibatchOracle(
             potential, model_args, model_kwargs, method, state.i,
             random.wrap_key_data(state.shuffle_key), params=self._params_of(state),
@@ -296,8 +297,6 @@ class SGKernel(MCMCKernel):
               & _all_finite(ks, state.kernel_state))
         new_theta = jnp.where(ok, new_theta, theta)
         ks = jax.tree.map(lambda new, old: jnp.where(ok, new, old), ks, state.kernel_state)
-        if finalize:
-            ks = self._end_warmup(ks)
         rem = state.grad_evals_in_pass + evals
         return state._replace(
             i=state.i + 1,
@@ -317,32 +316,39 @@ class SGKernel(MCMCKernel):
         return None
 
     def sample(self, state, model_args, model_kwargs):
+        """``steps_per_sample`` SG steps in one compiled loop.
+
+        The phase (warmup or sampling) is decided once per call and outside the vmap over
+        chains (all chains share ``i``): warmup blocks never cost a sampling step anything and
+        vice versa. ``num_warmup_steps`` is a multiple of ``steps_per_sample``, so a block never
+        straddles the end of warmup; the block that ends warmup freezes the adapted quantities.
+        """
         model_kwargs = {} if model_kwargs is None else model_kwargs
         vectorized = jnp.ndim(state.i) > 0
+        k = self._steps_per_sample
+        over_chains = jax.vmap if vectorized else (lambda f: f)
 
-        def branch(update, finalize=False):
-            def one(s):
-                return self._transition(s, model_args, model_kwargs, update, finalize)
+        def block(update, method):
+            def chain(s):
+                def step(_, s):
+                    return self._transition(s, model_args, model_kwargs, update, method)
 
-            return jax.vmap(one) if vectorized else one
+                return step(0, s) if k == 1 else lax.fori_loop(0, k, step, s)
 
-        branches = [
-            branch(self._warmup_update),
-            branch(self._warmup_update, finalize=True),
-            branch(self._sample_update),
-        ]
+            return over_chains(chain)
 
-        def step(_, s):
-            # all chains share i, so the phase is decided once, outside the vmap over chains
-            i = s.i[0] if vectorized else s.i
-            w = s.num_warmup_steps[0] if vectorized else s.num_warmup_steps
-            phase = jnp.where(i < w - 1, 0, jnp.where(i == w - 1, 1, 2))
-            return lax.switch(phase, branches, s)
+        def finalize(s):
+            return s._replace(kernel_state=self._end_warmup(s.kernel_state))
+
+        i = state.i[0] if vectorized else state.i
+        w = state.num_warmup_steps[0] if vectorized else state.num_warmup_steps
+
+        def warmup(s):
+            s = block(self._warmup_update, self._warmup_subsample)(s)
+            return lax.cond(i + k >= w, over_chains(finalize), lambda s: s, s)
 
         state = state._replace(diverging=jnp.zeros_like(state.diverging))
-        if self._steps_per_sample == 1:
-            return step(0, state)
-        return lax.fori_loop(0, self._steps_per_sample, step, state)
+        return lax.cond(i < w, warmup, block(self._sample_update, self._subsample), state)
 
     # ------------------------------------------------------------------ reporting
     def _diagnostics(self, kernel_state):
@@ -350,11 +356,16 @@ class SGKernel(MCMCKernel):
         return ""
 
     def get_diagnostics_str(self, state):
-        if jnp.ndim(state.i) > 0:
-            return ""
+        """Progress-bar text, refreshed at most every 0.3 s: reading the state forces a device
+        sync, which would otherwise stall the dispatch of every returned sample."""
+        now = time.monotonic()
+        if jnp.ndim(state.i) > 0 or now - self._diag_time < 0.3:
+            return self._diag_text
+        self._diag_time = now
         text = f"{float(state.data_passes):.3g} passes, {int(state.num_divergences)} divergences"
         extra = self._diagnostics(state.kernel_state)
-        return f"{text}, {extra}" if extra else text
+        self._diag_text = f"{text}, {extra}" if extra else text
+        return self._diag_text
 
     @staticmethod
     def warn_divergences(state):
