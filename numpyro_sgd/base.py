@@ -150,7 +150,9 @@ class SGKernel(MCMCKernel):
     """
 
     sample_field = "z"
-    _name = "SGKernel"
+    #: whether warmup differs from sampling (adaptation, then ``_end_warmup``); kernels whose
+    #: warmup is plain burn-in set it to False and skip the per-sample phase switch
+    _adapts = True
 
     def __init__(self, model, *, steps_per_sample=1, subsample="with_replacement",
                  warmup_subsample=None, init_strategy=init_to_uniform):
@@ -348,6 +350,9 @@ class SGKernel(MCMCKernel):
             return lax.cond(i + k >= w, over_chains(finalize), lambda s: s, s)
 
         state = state._replace(diverging=jnp.zeros_like(state.diverging))
+        if not self._adapts and self._warmup_subsample == self._subsample:
+            # warmup is plain burn-in with the sampling dynamics: no phase switch at all
+            return block(self._sample_update, self._subsample)(state)
         return lax.cond(i < w, warmup, block(self._sample_update, self._subsample), state)
 
     # ------------------------------------------------------------------ reporting

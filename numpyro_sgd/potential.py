@@ -29,6 +29,7 @@ import numpy as np
 from jax import random
 from numpyro import handlers
 from numpyro.distributions import biject_to
+from numpyro.distributions.transforms import IdentityTransform
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.util import constrain_fn, potential_energy
 from numpyro.primitives import Messenger
@@ -332,7 +333,11 @@ class SubsampledPotential:
         depends on other latents is checked with its transform at the initial point.
         """
         z = self.view.unravel(theta)
-        checks = [jnp.all(jnp.isfinite(t(z[k]))) for k, t in self.transforms.items()]
+        checks = [
+            jnp.all(jnp.isfinite(t(z[k])))
+            for k, t in self.transforms.items()
+            if not isinstance(t, IdentityTransform)  # θ itself is checked by the caller
+        ]
         return jnp.all(jnp.stack(checks)) if checks else jnp.array(True)
 
     def constrain(self, theta, model_args=(), model_kwargs=None, params=None):

@@ -121,6 +121,7 @@ class SGLD(SGKernel):
 
     _warmup_update = _update
     _sample_update = _update
+    _adapts = False
 
     def _end_warmup(self, ks):
         return ks
