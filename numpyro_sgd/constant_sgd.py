@@ -14,6 +14,7 @@ from __future__ import annotations
 import warnings
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 import optax
 from numpyro.infer.initialization import init_to_uniform
@@ -287,6 +288,33 @@ class ConstantSGD(SGKernel):
         pe, grad = oracle.grad(rng_key, theta)
         theta, velocity = constant_sgd_step(theta, ks.velocity, grad, ks.preconditioner, ks.momentum)
         return theta, ks._replace(velocity=velocity), pe, oracle.batch_size
+
+    def predicted_covariance(self, state, *model_args, at=None, chain=0, discrete=True, **model_kwargs):
+        """Stationary covariance of the frozen chain predicted by the Lyapunov equation.
+
+        Σ solves P A Σ + Σ A P = P Q P (Mandt Eq. 13/22; ``discrete=True``: the exact law of
+        the linear recursion, see :func:`~numpyro_sgd.theory.lyapunov_covariance`), with P and Q
+        the frozen preconditioner and noise estimate of ``state`` and A the Hessian of the
+        full-data potential at ``at`` (default: the chain's current point; pass the posterior
+        mode or the sample mean, e.g. ``potential.view.ravel`` of the mean of
+        ``mcmc.get_samples()`` mapped to the unconstrained scale). Compare it with the covariance
+        of the unconstrained draws (``extra_fields=("z",)``) as in the paper's Fig. 2.
+
+        :return: Σ, a (D, D) NumPy array in the order of ``self.potential.view.names``.
+        """
+        import numpy as np
+
+        from .theory import lyapunov_covariance
+
+        if self._momentum != 1.0:
+            raise ValueError("ConstantSGD.predicted_covariance: the Lyapunov prediction assumes momentum=1 (Eq. 13).")
+        pick = (lambda x: x[chain]) if jnp.ndim(state.i) > 0 else (lambda x: x)
+        ks = jax.tree.map(pick, state.kernel_state)
+        potential = self.potential
+        theta = potential.view.ravel(jax.tree.map(pick, state.z)) if at is None else jnp.asarray(at)
+        hessian = jax.hessian(potential.full_potential)(theta, model_args, model_kwargs)
+        return lyapunov_covariance(np.asarray(ks.preconditioner), np.asarray(hessian), np.asarray(ks.noise_cov),
+                                   discrete=discrete)
 
     def _diagnostics(self, ks):
         return f"ε {float(ks.step_size):.3g}"

@@ -387,6 +387,10 @@ def plot_marginals(runs, reference, path, *, names=None, max_params=12, bins=60)
         ax.hist(ref[:, j], edges, density=True, color="0.8", label="reference")
         for name, run in runs.items():
             x = draws_of(run, names).reshape(-1, ref.shape[1])[:, j]
+            counts, _ = np.histogram(x, edges)
+            if counts.sum() == 0:  # entirely outside the reference's range: say so in the legend
+                ax.plot([], [], label=f"{name} (off range)")
+                continue
             ax.hist(x, edges, density=True, histtype="step", lw=1.3, label=name)
         ax.set_title(label, fontsize=9)
         ax.tick_params(labelsize=7)

@@ -81,6 +81,16 @@ def test_iterate_covariance_matches_lyapunov(runs, linreg, pc):
     np.testing.assert_array_less(np.abs(w.reshape(-1, linreg.d).mean(0) - linreg.post_mean), 4 * mcse)
 
 
+def test_predicted_covariance_method(runs, linreg):
+    """The kernel's own Lyapunov helper (Hessian by autodiff, frozen P and estimated Q) agrees
+    with the prediction from the exact Hessian within the 10 % noise-estimate error."""
+    mcmc = runs["full"]
+    pred = mcmc.sampler.predicted_covariance(mcmc.last_state, *linreg.args)
+    exact = _predicted_cov(mcmc, linreg)
+    np.testing.assert_allclose(np.diag(pred), np.diag(exact), rtol=0.15)
+    np.testing.assert_allclose(np.diag(pred), np.diag(linreg.post_cov), rtol=0.15)
+
+
 def test_noise_estimate_matches_exact(runs, linreg):
     """The frozen noise covariance (warmup estimate) vs the exact Q at the posterior mean.
 
