@@ -28,7 +28,7 @@ import jax
 import numpy as np
 from numpyro.infer import MCMC
 
-from numpyro_sgd import SGLD, ConstantSGD
+from numpyro_sgd import SGLD, ConstantSGD, SubsampledPotential
 from numpyro_sgd.diagnostics import compare
 
 GOLD = [
@@ -64,11 +64,8 @@ def run_posterior(name, pdb_dir, models, args, key):
     ref = np.load(os.path.join(folder, "reference_draws.npz"))
     names = [str(n) for n in ref["param_names"]]
     model = models[name]
-    # N from a full-data trace is the plate size; S = min(100, N // 5)
-    from numpyro import handlers
-
-    tr = handlers.trace(handlers.seed(model, 0)).get_trace(data)
-    n = next(s["args"][0] for s in tr.values() if s["type"] == "plate" and s["name"] == "data")
+    # N is the size of the data plate (traced once with a small minibatch); S = min(100, N // 5)
+    n = SubsampledPotential.from_model(model, (data,), {"subsample_size": 2}).plates[0].size
     s = max(2, min(args.max_subsample, n // 5))
     rows, wall, sps = {}, {}, args.steps_per_sample
     kernels = {

@@ -4,7 +4,9 @@ from .base import SGKernel, SGState
 from .constant_sgd import ConstantSGD, ConstantSGDState
 from .diagnostics import fit_gaussian, gaussian_kl
 from .potential import PlateInfo, SubsampledPotential
-from .sgld import SGLD, SGLDState, robbins_monro
+from .sgfs import SGFS, SGFSState
+from .sghmc import SGHMC, SGHMCState
+from .sgld import PSGLD, SGLD, PSGLDState, SGLDState, robbins_monro
 from .theory import lyapunov_covariance
 
 __version__ = "0.1.0"
@@ -13,6 +15,12 @@ __all__ = [
     "ConstantSGD",
     "ConstantSGDState",
     "PlateInfo",
+    "PSGLD",
+    "PSGLDState",
+    "SGFS",
+    "SGFSState",
+    "SGHMC",
+    "SGHMCState",
     "SGKernel",
     "SGLD",
     "SGLDState",

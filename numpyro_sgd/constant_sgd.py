@@ -11,30 +11,15 @@ Algorithm (ALGORITHMS.md, "ConstantSGD"):
 
 from __future__ import annotations
 
-import warnings
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import optax
-from numpyro.infer.initialization import init_to_uniform
-from numpyro.util import find_stack_level
 
-from .base import SGKernel
-from .noise import (
-    NOISE_ESTIMATORS,
-    PRECONDITIONERS,
-    NoiseState,
-    discrete_time_correction,
-    kl_optimal_preconditioner,
-    noise_estimator,
-)
+from .noise import PRECONDITIONERS, discrete_time_correction, kl_optimal_preconditioner
+from .warmup import NoiseAdaptingKernel, WarmupState
 
 __all__ = ["ConstantSGD", "ConstantSGDState", "constant_sgd_step"]
-
-
-def _warmup_adam():  # built on demand: optax transformations hold closures and do not pickle
-    return optax.scale_by_adam(b1=0.9, b2=0.9)
 
 
 class ConstantSGDState(NamedTuple):
@@ -55,20 +40,8 @@ class ConstantSGDState(NamedTuple):
     correction: jnp.ndarray
     #: estimated gradient-noise covariance Q of ∇Û_S (diag (D,) or full (D, D)), frozen after warmup
     noise_cov: jnp.ndarray
-    #: running state of the noise estimator (warmup)
-    noise_state: NoiseState
-    #: optax Adam state for the first warmup phase
-    adam_state: tuple
-    #: EMA of the uncentred per-example second moment (diagonal), the warmup preconditioner
-    second_moment: jnp.ndarray
-    #: warmup SG step at which Adam hands over to preconditioned SGD
-    adam_steps: jnp.ndarray
-    #: warmup SG step from which the noise covariance is averaged
-    window_start: jnp.ndarray
-    #: Adam learning rate at the start and at the end of its phase (exponential decay)
-    adam_lr: jnp.ndarray
-    #: largest |Δθ_k| of a warmup step in the second phase
-    warmup_max_step: jnp.ndarray
+    #: warmup state (Adam, uncentred moment, noise estimator; see :mod:`numpyro_sgd.warmup`)
+    warmup: WarmupState
 
 
 def constant_sgd_step(theta, velocity, grad, preconditioner, momentum):
@@ -82,7 +55,7 @@ def constant_sgd_step(theta, velocity, grad, preconditioner, momentum):
     return theta + velocity, velocity
 
 
-class ConstantSGD(SGKernel):
+class ConstantSGD(NoiseAdaptingKernel):
     """Constant SGD tuned so its stationary distribution is KL-closest to the posterior.
 
     **References:**
@@ -101,13 +74,11 @@ class ConstantSGD(SGKernel):
     μ (damping)            ``momentum`` (1 = no momentum)
     =====================  ============================================================
 
-    Warmup (``num_warmup * steps_per_sample`` SG steps), after ALGORITHMS.md's measured facts:
-    the first ``adam_fraction`` of warmup runs Adam (β₂ = 0.99, learning rate decaying
-    exponentially from ``adam_lr[0]`` to ``adam_lr[1]``); then constant-SGD steps preconditioned
-    by a running (EMA 0.99) uncentred second moment of the per-example gradients, each
-    coordinate's step clipped to ``warmup_max_step``. The noise covariance is averaged over the
-    last ``noise_window`` fraction of warmup and H is frozen at the end of warmup. Per-example
-    gradients are only computed during warmup; a sampling step costs one minibatch gradient.
+    Warmup (``num_warmup * steps_per_sample`` SG steps; :mod:`numpyro_sgd.warmup`): Adam, then
+    constant-SGD steps preconditioned by the uncentred per-example second moment, while the
+    noise covariance is averaged over the last part of warmup; H is frozen at the end of warmup.
+    Per-example gradients are only computed during warmup; a sampling step costs one minibatch
+    gradient.
 
     .. note:: **Discrete-time correction.** The continuous-time optimum H* = (2S/N) C⁻¹ gives a
        stationary covariance C⁻¹/(N − S) in discrete time with i.i.d. minibatches (10 % too
@@ -127,14 +98,10 @@ class ConstantSGD(SGKernel):
     :param str preconditioner: ``"scalar"``, ``"diag"``, ``"full"`` or ``"sqrt"`` (default ``"diag"``).
     :param float step_size: ε in Mandt's units overriding ε* (optional).
     :param float momentum: damping μ ∈ (0, 1]; 1 (default) is plain SGD.
-    :param str noise_estimator: ``"minibatch"`` (default if every S ≥ 2), ``"eq25"`` or
-        ``"pooled"`` (default if some S = 1); see :mod:`numpyro_sgd.noise`.
     :param bool discrete_time_correction: use c = 2/(f + S/N) instead of 2 (default True).
-    :param float adam_fraction: fraction of warmup run by Adam (default 0.4).
-    :param float noise_window: final fraction of warmup over which C is averaged (default 0.4).
-    :param tuple adam_lr: Adam's learning rate at the start and end of its phase (default (0.1, 1e-3)).
-    :param float warmup_max_step: clip of each coordinate of a post-Adam warmup step (default 1.0).
-    :param kwargs: see :class:`~numpyro_sgd.base.SGKernel` (``steps_per_sample``, ``subsample``,
+    :param kwargs: warmup options of :class:`~numpyro_sgd.warmup.NoiseAdaptingKernel`
+        (``noise_estimator``, ``adam_fraction``, ``noise_window``, ``adam_lr``, ``warmup_max_step``)
+        and of :class:`~numpyro_sgd.base.SGKernel` (``steps_per_sample``, ``subsample``,
         ``warmup_subsample``, ``init_strategy``).
 
     .. doctest::
@@ -155,73 +122,28 @@ class ConstantSGD(SGKernel):
     """
 
     def __init__(self, model, preconditioner="diag", *, step_size=None, momentum=1.0,
-                 noise_estimator=None, discrete_time_correction=True, adam_fraction=0.4,
-                 noise_window=0.4, adam_lr=(0.1, 1e-3), warmup_max_step=1.0, steps_per_sample=1,
-                 subsample="with_replacement", warmup_subsample=None, init_strategy=init_to_uniform):
-        super().__init__(model, steps_per_sample=steps_per_sample, subsample=subsample,
-                         warmup_subsample=warmup_subsample, init_strategy=init_strategy)
+                 discrete_time_correction=True, **kwargs):
         if preconditioner not in PRECONDITIONERS:
             raise ValueError(
                 f"ConstantSGD: unknown preconditioner {preconditioner!r}; choose one of {PRECONDITIONERS}."
             )
+        super().__init__(model, full_noise=preconditioner == "full", **kwargs)
         if step_size is not None and not (isinstance(step_size, (int, float)) and step_size > 0):
             raise ValueError(f"ConstantSGD: step_size must be a positive float or None (use ε*), got {step_size!r}.")
         if not 0 < momentum <= 1:
             raise ValueError(
                 f"ConstantSGD: momentum (damping μ) must lie in (0, 1], got {momentum}; 1 means no momentum."
             )
-        if noise_estimator is not None and noise_estimator not in NOISE_ESTIMATORS:
-            raise ValueError(
-                f"ConstantSGD: unknown noise_estimator {noise_estimator!r}; choose one of {NOISE_ESTIMATORS}."
-            )
-        if not (0 <= adam_fraction < 1 and 0 < noise_window <= 1 - adam_fraction):
-            raise ValueError(
-                "ConstantSGD: need 0 <= adam_fraction < 1 and 0 < noise_window <= 1 - adam_fraction, "
-                f"got adam_fraction={adam_fraction}, noise_window={noise_window}."
-            )
-        if not (len(adam_lr) == 2 and adam_lr[0] > 0 and adam_lr[1] > 0):
-            raise ValueError(f"ConstantSGD: adam_lr must be two positive learning rates (start, end), got {adam_lr!r}.")
-        if not warmup_max_step > 0:
-            raise ValueError(f"ConstantSGD: warmup_max_step must be > 0, got {warmup_max_step}.")
         self._preconditioner = preconditioner
         self._step_size = step_size
         self._momentum = momentum
-        self._noise_method = noise_estimator
         self._correct = discrete_time_correction
-        self._adam_fraction = adam_fraction
-        self._noise_window = noise_window
-        self._adam_lr = tuple(adam_lr)
-        self._warmup_max_step = warmup_max_step
 
     # ------------------------------------------------------------------ setup
-    def _estimator(self, potential):
-        sizes = tuple(p.subsample_size for p in potential.plates)
-        method = self._noise_method or ("minibatch" if min(sizes) >= 2 else "pooled")
-        if method in ("minibatch", "eq25") and min(sizes) < 2:
-            raise ValueError(
-                f"ConstantSGD: noise_estimator={method!r} needs subsample_size >= 2 in every plate; "
-                "use noise_estimator='pooled' or a larger subsample_size."
-            )
-        return noise_estimator(method, sizes, potential.dim, full=self._preconditioner == "full")
-
-    def _check_setup(self, potential, num_warmup_steps):
-        self._estimator(potential)
-        if num_warmup_steps < 20:
-            warnings.warn(
-                f"ConstantSGD: {num_warmup_steps} warmup SG steps cannot estimate the gradient noise; "
-                "the preconditioner stays undefined (NaN: every step is rejected and counted as a "
-                "divergence) unless the run continues from a post_warmup_state. Use num_warmup >= 20 "
-                "(typically hundreds to thousands).",
-                stacklevel=find_stack_level(),
-            )
-
     def _init_kernel_state(self, rng_key, theta, potential, num_warmup_steps):
         d, dtype = theta.shape[0], theta.dtype
         shape = {"scalar": (), "diag": (d,), "sqrt": (d,), "full": (d, d)}[self._preconditioner]
-        adam_steps = int(self._adam_fraction * num_warmup_steps)
-        window_start = num_warmup_steps - max(int(self._noise_window * num_warmup_steps), 1)
         nan = jnp.asarray(jnp.nan, dtype)
-        est = self._estimator(potential)
         return ConstantSGDState(
             preconditioner=jnp.full(shape, jnp.nan, dtype),
             step_size=nan,
@@ -230,42 +152,14 @@ class ConstantSGD(SGKernel):
             velocity=jnp.zeros(d, dtype),
             correction=nan,
             noise_cov=jnp.zeros((d, d) if self._preconditioner == "full" else (d,), dtype),
-            noise_state=est.init(dtype),
-            adam_state=_warmup_adam().init(theta),
-            second_moment=jnp.zeros(d, dtype),
-            adam_steps=jnp.asarray(adam_steps, jnp.int32),
-            window_start=jnp.asarray(window_start, jnp.int32),
-            adam_lr=jnp.asarray(self._adam_lr, dtype),
-            warmup_max_step=jnp.asarray(self._warmup_max_step, dtype),
+            warmup=self._init_warmup(theta, potential, num_warmup_steps),
         )
 
     # ------------------------------------------------------------------ dynamics
-    def _warmup_update(self, rng_key, step, theta, ks, oracle):
-        idx = oracle.draw(rng_key)
-        pe, grad, per_example = oracle.per_example_grads(theta, idx)
-        # uncentred second moment of ∇Û_S, diagonal: Σ_p mean_n(g_{p,n}²) / S_p
-        uncentred = sum(jnp.mean(g**2, axis=0) / g.shape[0] for g in per_example)
-        # (re)started halfway through the Adam phase so that the huge gradients of a poor
-        # initial point are forgotten by the time it preconditions
-        second = jnp.where(step == ks.adam_steps // 2, uncentred, 0.99 * ks.second_moment + 0.01 * uncentred)
-        # phase 1: Adam with an exponentially decaying learning rate
-        updates, adam_state = _warmup_adam().update(grad, ks.adam_state)
-        # hold the initial rate for the first half of the phase, then decay exponentially
-        frac = jnp.clip(2.0 * step / jnp.maximum(ks.adam_steps, 1) - 1.0, 0.0, 1.0)
-        lr = ks.adam_lr[0] * (ks.adam_lr[1] / ks.adam_lr[0]) ** frac
-        adam_delta = -lr * updates
-        # phase 2: constant-SGD step preconditioned by the uncentred moment, clipped
-        sgd_delta = -jnp.clip(2.0 * grad / second, -ks.warmup_max_step, ks.warmup_max_step)
-        delta = jnp.where(step < ks.adam_steps, adam_delta, sgd_delta)
-        est = self._estimator(oracle.potential)
-        noise_state = est.update(ks.noise_state, per_example, active=step >= ks.window_start)
-        ks = ks._replace(adam_state=adam_state, second_moment=second, noise_state=noise_state)
-        return theta + delta, ks, pe, oracle.batch_size
-
     def _end_warmup(self, ks):
         # called inside the traced step; the potential is the one of the current run
         potential = self.potential
-        plate_noise = self._estimator(potential).final(ks.noise_state)
+        plate_noise = self._plate_noise(ks)
         noise = sum(plate_noise)
         if self._correct:
             c = discrete_time_correction(plate_noise, potential.plates, self._subsample == "without_replacement")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import random
 
-__all__ = ["overdamped_langevin", "sgd"]
+__all__ = ["overdamped_langevin", "underdamped_langevin", "sgd"]
 
 
 def sgd(position, grad, preconditioner):
@@ -27,3 +27,15 @@ def overdamped_langevin(rng_key, position, grad, step_size, temperature=1.0, pre
     noise = random.normal(rng_key, jnp.shape(position), jnp.result_type(position))
     g = 1.0 if preconditioner is None else preconditioner
     return position - 0.5 * step_size * g * grad + jnp.sqrt(step_size * temperature * g) * noise
+
+
+def underdamped_langevin(rng_key, position, momentum, grad, step_size, friction):
+    """One Euler–Maruyama step of underdamped Langevin dynamics with unit mass and temperature:
+
+    θ' = θ + h r,   r' = r − h (∇Û(θ) + γ r) + σ √h ξ,   σ² = 2γ   (EWSG paper Eq. 3;
+    SGHMC of Chen et al. 2014 with B̂ = 0). ``grad`` is ∇Û at the current θ.
+    """
+    noise = random.normal(rng_key, jnp.shape(momentum), jnp.result_type(momentum))
+    new_position = position + step_size * momentum
+    new_momentum = momentum - step_size * (grad + friction * momentum) + jnp.sqrt(2.0 * friction * step_size) * noise
+    return new_position, new_momentum

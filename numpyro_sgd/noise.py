@@ -39,6 +39,8 @@ __all__ = [
     "kl_optimal_preconditioner",
     "apply_preconditioner",
     "PRECONDITIONERS",
+    "sgfs_preconditioner",
+    "sgfs_direction",
 ]
 
 NOISE_ESTIMATORS = ("minibatch", "eq25", "pooled")
@@ -202,3 +204,39 @@ def kl_optimal_preconditioner(kind, noise, correction=2.0, step_size=None, num_d
 def apply_preconditioner(precond, grad):
     """P g for P of shape () (scalar), (D,) (diagonal) or (D, D) (full)."""
     return precond @ grad if jnp.ndim(precond) == 2 else precond * grad
+
+
+def sgfs_preconditioner(kind, noise, ratio, max_precond=jnp.inf):
+    """SGFS preconditioner factor and injected noise (Mandt Thm. 3 / Eq. 36, Cor. 2; Ahn et al.).
+
+    In U units the SGFS step is θ ← θ − 2 M⁻¹ (∇Û_S + ξ), ξ ~ N(0, Ξ), with
+    M = a Q + Ξ (a = ``ratio`` = f + S/N, Ahn's γ·S/N: the discrete-time correction; see
+    :func:`discrete_time_correction`). The total gradient noise is fQ + Ξ, so P = 2 M⁻¹ is
+    Thm. 3's H* = (2/N)(ε BBᵀ + EEᵀ)⁻¹ with P = ε H / N, Q = N² BBᵀ and Ξ = N² EEᵀ / ε.
+
+    Stability rule (Cor. 2): with a cap ``max_precond`` = p_max on the diagonal of P, inject
+    Ξ_kk = 2/p_max − a Q_kk where positive (``"diag"``), so P_kk = min(2/(a Q_kk), p_max); for
+    ``"full"`` the injected noise is isotropic, Ξ = δ I with δ = max(0, 2/p_max − a λ_min(Q)),
+    which bounds every eigenvalue, hence every diagonal entry, of P by p_max.
+
+    :return: ``(factor, injected)``: ``factor`` is the lower Cholesky factor of M (full) or the
+        vector M (diag); ``injected`` the diagonal of Ξ, shape (D,).
+    """
+    if kind == "diag":
+        q = jnp.diagonal(noise) if noise.ndim == 2 else noise
+        injected = jnp.maximum(0.0, 2.0 / max_precond - ratio * q)
+        return ratio * q + injected, injected
+    if kind == "full":
+        dim = noise.shape[0]
+        lam_min = jnp.linalg.eigvalsh(noise)[0]
+        delta = jnp.maximum(0.0, 2.0 / max_precond - ratio * lam_min)
+        m = ratio * noise + delta * jnp.eye(dim, dtype=noise.dtype)
+        return jnp.linalg.cholesky(m), jnp.full(dim, delta, noise.dtype)
+    raise ValueError(f"unknown SGFS preconditioner {kind!r}; choose 'full' or 'diag'.")
+
+
+def sgfs_direction(factor, vector):
+    """2 M⁻¹ v with M given by :func:`sgfs_preconditioner` (Cholesky solve, no inverse)."""
+    if factor.ndim == 1:
+        return 2.0 * vector / factor
+    return 2.0 * cho_solve((factor, True), vector)

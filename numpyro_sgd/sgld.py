@@ -1,4 +1,5 @@
-"""Stochastic gradient Langevin dynamics (Welling & Teh 2011; Mandt et al. Sec. 4.1, Eq. 32)."""
+"""Stochastic gradient Langevin dynamics (Welling & Teh 2011; Mandt et al. Sec. 4.1, Eq. 32) and
+its RMSprop-preconditioned variant pSGLD (Li, Chen, Carlson & Carin 2016, Alg. 1)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from numpyro.infer.initialization import init_to_uniform
 from .base import SGKernel
 from .diffusions import overdamped_langevin
 
-__all__ = ["SGLD", "SGLDState", "sgld_step", "robbins_monro"]
+__all__ = ["SGLD", "SGLDState", "PSGLD", "PSGLDState", "sgld_step", "psgld_step", "robbins_monro"]
 
 
 class SGLDState(NamedTuple):
@@ -128,3 +129,90 @@ class SGLD(SGKernel):
 
     def _diagnostics(self, ks):
         return f"step size {float(ks.last_step_size):.3g}"
+
+
+class PSGLDState(NamedTuple):
+    """Kernel state of :class:`PSGLD`."""
+
+    #: RMSprop second moment V of the per-datum mean gradient
+    second_moment: jnp.ndarray
+    #: step size ε (U units)
+    step_size: jnp.ndarray
+    #: decay α of V
+    alpha: jnp.ndarray
+    #: damping λ of G = 1 / (λ + √V)
+    damping: jnp.ndarray
+    #: whether V has been initialised (the first step sets V = ḡ²)
+    started: jnp.ndarray
+
+
+def psgld_step(rng_key, theta, grad, second_moment, step_size, alpha, damping, num_data, started):
+    """pSGLD, Li et al. (2016) Alg. 1 (Γ neglected, as in the paper's experiments):
+
+    V ← α V + (1 − α) ḡ ⊙ ḡ,   ḡ = ∇Û_S / N        (per-datum mean gradient)
+    G ← 1 ⊘ (λ + √V)
+    θ ← θ − (ε/2) G ⊙ ∇Û_S + N(0, ε G)
+    """
+    g_bar = grad / num_data
+    second_moment = jnp.where(started, alpha * second_moment + (1 - alpha) * g_bar**2, g_bar**2)
+    precond = 1.0 / (damping + jnp.sqrt(second_moment))
+    theta = overdamped_langevin(rng_key, theta, grad, step_size, 1.0, precond)
+    return theta, second_moment
+
+
+class PSGLD(SGKernel):
+    """Preconditioned SGLD with an RMSprop preconditioner.
+
+    **References:**
+
+    1. *Preconditioned Stochastic Gradient Langevin Dynamics for Deep Neural Networks*, C. Li,
+       C. Chen, D. Carlson, L. Carin, AAAI 2016, Alg. 1 (defaults λ = 1e-5, α = 0.99).
+
+    ========  ====================
+    paper     argument
+    ========  ====================
+    ε_t       ``step_size`` (U units)
+    α         ``alpha``
+    λ         ``damping``
+    ========  ====================
+
+    .. note:: ḡ includes the prior's gradient divided by N (the paper's ḡ is the likelihood
+       part only); the difference is O(1/N). The Γ(θ) correction term is neglected, as in the
+       paper; the preconditioner keeps adapting during sampling, so the chain is only
+       approximately stationary. Warmup runs the same dynamics (burn-in).
+
+    :param model: NumPyro model with a subsample plate.
+    :param float step_size: ε > 0.
+    :param float alpha: α ∈ (0, 1) (default 0.99).
+    :param float damping: λ > 0 (default 1e-5).
+    :param kwargs: see :class:`~numpyro_sgd.base.SGKernel`.
+    """
+
+    _adapts = False
+
+    def __init__(self, model, step_size, *, alpha=0.99, damping=1e-5, **kwargs):
+        super().__init__(model, **kwargs)
+        if not (isinstance(step_size, (int, float)) and step_size > 0):
+            raise ValueError(f"PSGLD: step_size must be a positive float, got {step_size!r}.")
+        if not 0 < alpha < 1:
+            raise ValueError(f"PSGLD: alpha (RMSprop decay) must lie in (0, 1), got {alpha}.")
+        if not damping > 0:
+            raise ValueError(f"PSGLD: damping (λ) must be > 0, got {damping}.")
+        self._step_size, self._alpha, self._damping = float(step_size), float(alpha), float(damping)
+
+    def _init_kernel_state(self, rng_key, theta, potential, num_warmup_steps):
+        dt = theta.dtype
+        return PSGLDState(jnp.zeros_like(theta), jnp.asarray(self._step_size, dt), jnp.asarray(self._alpha, dt),
+                          jnp.asarray(self._damping, dt), jnp.array(False))
+
+    def _sample_update(self, rng_key, step, theta, ks, oracle):
+        k_idx, k_noise = random.split(rng_key)
+        pe, grad = oracle.grad(k_idx, theta)
+        theta, second = psgld_step(k_noise, theta, grad, ks.second_moment, ks.step_size, ks.alpha, ks.damping,
+                                   oracle.potential.num_data, ks.started)
+        return theta, ks._replace(second_moment=second, started=jnp.array(True)), pe, oracle.batch_size
+
+    _warmup_update = _sample_update
+
+    def _end_warmup(self, ks):
+        return ks

@@ -1,0 +1,153 @@
+"""Warmup shared by the kernels that freeze a noise-based preconditioner (ConstantSGD, SGFS).
+
+Warmup must (a) reach the mode region and (b) estimate the gradient-noise covariance Q there
+(ALGORITHMS.md, "Warmup is the crux"). What this module does, in ``num_warmup_steps`` SG steps:
+
+1. the first ``adam_fraction`` of warmup: Adam (β₁ = 0.9, β₂ = 0.9) with a learning rate held at
+   ``adam_lr[0]`` for half the phase, then decaying exponentially to ``adam_lr[1]``. The short
+   β₂ memory forgets the huge gradients of a poor initial point (with β₂ = 0.99 or 0.999 a
+   scale parameter initialised far in the tail stayed frozen for hundreds of steps);
+2. then constant-SGD steps preconditioned by an EMA (0.99) of the *uncentred* diagonal second
+   moment of the per-example gradients, restarted halfway through phase 1, each coordinate's
+   step clipped to ``max_step`` (the centred covariance as warmup preconditioner can send a
+   log-scale site far out in one step);
+3. during the last ``noise_window`` fraction, Q is averaged with a
+   :func:`~numpyro_sgd.noise.noise_estimator`.
+
+Kernels subclass :class:`NoiseAdaptingKernel`; their state has fields ``warmup``
+(:class:`WarmupState`) and ``noise_cov``, and they implement ``_end_warmup`` (freeze from
+``self._noise(ks)``) and ``_sample_update``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import NamedTuple
+
+import jax.numpy as jnp
+import optax
+from numpyro.util import find_stack_level
+
+from .base import SGKernel
+from .noise import NOISE_ESTIMATORS, NoiseState, noise_estimator
+
+__all__ = ["WarmupState", "NoiseAdaptingKernel"]
+
+
+class WarmupState(NamedTuple):
+    """Warmup state of :class:`NoiseAdaptingKernel` kernels."""
+
+    #: optax Adam state (phase 1)
+    adam_state: tuple
+    #: EMA of the uncentred diagonal second moment of ∇Û_S (phase 2 preconditioner)
+    second_moment: jnp.ndarray
+    #: running state of the noise estimator (phase 3)
+    noise_state: NoiseState
+    #: SG step at which Adam hands over to preconditioned SGD
+    adam_steps: jnp.ndarray
+    #: SG step from which the noise covariance is averaged
+    window_start: jnp.ndarray
+    #: Adam learning rate at the start and at the end of its phase
+    adam_lr: jnp.ndarray
+    #: largest |Δθ_k| of a phase-2 step
+    max_step: jnp.ndarray
+
+
+def _adam():  # built on demand: optax transformations hold closures and do not pickle
+    return optax.scale_by_adam(b1=0.9, b2=0.9)
+
+
+class NoiseAdaptingKernel(SGKernel):
+    """Base of kernels that find the mode and estimate Q in warmup, then freeze (see module doc).
+
+    :param str noise_estimator: ``"minibatch"`` (default if every S ≥ 2), ``"eq25"`` or
+        ``"pooled"`` (default if some S = 1); see :mod:`numpyro_sgd.noise`.
+    :param float adam_fraction: fraction of warmup run by Adam (default 0.4).
+    :param float noise_window: final fraction of warmup over which Q is averaged (default 0.4).
+    :param tuple adam_lr: Adam's learning rate at the start and end of its phase (default (0.1, 1e-3)).
+    :param float warmup_max_step: clip of each coordinate of a phase-2 warmup step (default 1.0).
+    :param bool full_noise: estimate the full D × D matrix Q (else its diagonal, O(S·D)).
+    """
+
+    def __init__(self, model, *, noise_estimator=None, adam_fraction=0.4, noise_window=0.4, adam_lr=(0.1, 1e-3),
+                 warmup_max_step=1.0, full_noise=False, **kwargs):
+        super().__init__(model, **kwargs)
+        name = type(self).__name__
+        if noise_estimator is not None and noise_estimator not in NOISE_ESTIMATORS:
+            raise ValueError(
+                f"{name}: unknown noise_estimator {noise_estimator!r}; choose one of {NOISE_ESTIMATORS}."
+            )
+        if not (0 <= adam_fraction < 1 and 0 < noise_window <= 1 - adam_fraction):
+            raise ValueError(
+                f"{name}: need 0 <= adam_fraction < 1 and 0 < noise_window <= 1 - adam_fraction, "
+                f"got adam_fraction={adam_fraction}, noise_window={noise_window}."
+            )
+        if not (len(adam_lr) == 2 and adam_lr[0] > 0 and adam_lr[1] > 0):
+            raise ValueError(f"{name}: adam_lr must be two positive learning rates (start, end), got {adam_lr!r}.")
+        if not warmup_max_step > 0:
+            raise ValueError(f"{name}: warmup_max_step must be > 0, got {warmup_max_step}.")
+        self._noise_method = noise_estimator
+        self._adam_fraction = adam_fraction
+        self._noise_window = noise_window
+        self._adam_lr = tuple(adam_lr)
+        self._warmup_max_step = warmup_max_step
+        self._full_noise = full_noise
+
+    def _estimator(self, potential=None):
+        potential = self.potential if potential is None else potential
+        sizes = tuple(p.subsample_size for p in potential.plates)
+        method = self._noise_method or ("minibatch" if min(sizes) >= 2 else "pooled")
+        if method in ("minibatch", "eq25") and min(sizes) < 2:
+            raise ValueError(
+                f"{type(self).__name__}: noise_estimator={method!r} needs subsample_size >= 2 in every plate; "
+                "use noise_estimator='pooled' or a larger subsample_size."
+            )
+        return noise_estimator(method, sizes, potential.dim, full=self._full_noise)
+
+    def _check_setup(self, potential, num_warmup_steps):
+        self._estimator(potential)
+        if num_warmup_steps < 20:
+            warnings.warn(
+                f"{type(self).__name__}: {num_warmup_steps} warmup SG steps cannot estimate the gradient noise; "
+                "the preconditioner stays undefined (NaN: every step is rejected and counted as a "
+                "divergence) unless the run continues from a post_warmup_state. Use num_warmup >= 20 "
+                "(typically hundreds to thousands).",
+                stacklevel=find_stack_level(),
+            )
+
+    def _init_warmup(self, theta, potential, num_warmup_steps):
+        adam_steps = int(self._adam_fraction * num_warmup_steps)
+        window_start = num_warmup_steps - max(int(self._noise_window * num_warmup_steps), 1)
+        dtype = theta.dtype
+        return WarmupState(
+            adam_state=_adam().init(theta),
+            second_moment=jnp.zeros_like(theta),
+            noise_state=self._estimator(potential).init(dtype),
+            adam_steps=jnp.asarray(adam_steps, jnp.int32),
+            window_start=jnp.asarray(window_start, jnp.int32),
+            adam_lr=jnp.asarray(self._adam_lr, dtype),
+            max_step=jnp.asarray(self._warmup_max_step, dtype),
+        )
+
+    def _warmup_update(self, rng_key, step, theta, ks, oracle):
+        ws = ks.warmup
+        pe, grad, per_example = oracle.per_example_grads(theta, oracle.draw(rng_key))
+        # uncentred diagonal second moment of ∇Û_S: Σ_p mean_n(g_{p,n}²) / S_p
+        uncentred = sum(jnp.mean(g**2, axis=0) / g.shape[0] for g in per_example)
+        second = jnp.where(step == ws.adam_steps // 2, uncentred, 0.99 * ws.second_moment + 0.01 * uncentred)
+        # phase 1: Adam, rate held then decaying exponentially
+        updates, adam_state = _adam().update(grad, ws.adam_state)
+        frac = jnp.clip(2.0 * step / jnp.maximum(ws.adam_steps, 1) - 1.0, 0.0, 1.0)
+        lr = ws.adam_lr[0] * (ws.adam_lr[1] / ws.adam_lr[0]) ** frac
+        # phase 2: constant-SGD step preconditioned by the uncentred moment, clipped
+        sgd_delta = -jnp.clip(2.0 * grad / second, -ws.max_step, ws.max_step)
+        delta = jnp.where(step < ws.adam_steps, -lr * updates, sgd_delta)
+        # phase 3 (overlapping phase 2): average the noise covariance
+        noise_state = self._estimator(oracle.potential).update(ws.noise_state, per_example,
+                                                               active=step >= ws.window_start)
+        ws = ws._replace(adam_state=adam_state, second_moment=second, noise_state=noise_state)
+        return theta + delta, ks._replace(warmup=ws), pe, oracle.batch_size
+
+    def _plate_noise(self, ks):
+        """Per-plate Q_p estimated in warmup (a tuple; Q = their sum)."""
+        return self._estimator().final(ks.warmup.noise_state)
