@@ -12,7 +12,8 @@ unconstrained scale, next to the reference's own noise floor (split-half NUTS va
     python examples/posteriordb_suite.py --data /path/to/data --posteriors sblri-blr kidiq-kidscore_interaction
 
 SGLD's step size is set per posterior from the gradient-noise covariance Q that ConstantSGD-full
-estimated in its warmup: with Fisher ≈ Hessian, A_U ≈ (S/N) Q, and ε = 0.05 / λ_max(A_U).
+estimated in its warmup: with Fisher ≈ Hessian, A_U ≈ (S/N) Q, and ε = 0.05 / λ_max(A_U); SGLD
+starts from ConstantSGD-full's final state (at such a step it cannot burn in from a random point).
 No network access: everything is read from the local data folder.
 """
 
@@ -87,7 +88,9 @@ def run_posterior(name, pdb_dir, models, args, key):
     mcmc = MCMC(SGLD(model, step_size=eps, steps_per_sample=sps), num_warmup=args.num_warmup,
                 num_samples=args.num_samples, num_chains=args.chains, chain_method="vectorized", progress_bar=False)
     start = time.perf_counter()
-    mcmc.run(key, data, subsample_size=s)
+    # warm start at ConstantSGD-full's last (unconstrained) state: at a step this small SGLD
+    # cannot burn in from a random point in this budget
+    mcmc.run(key, data, subsample_size=s, init_params=runs["ConstantSGD-full"].last_state.z)
     jax.block_until_ready(mcmc.get_samples())
     wall["SGLD"] = time.perf_counter() - start
     runs["SGLD"] = mcmc

@@ -7,10 +7,10 @@ Warmup must (a) reach the mode region and (b) estimate the gradient-noise covari
    ``adam_lr[0]`` for half the phase, then decaying exponentially to ``adam_lr[1]``. The short
    β₂ memory forgets the huge gradients of a poor initial point (with β₂ = 0.99 or 0.999 a
    scale parameter initialised far in the tail stayed frozen for hundreds of steps);
-2. then constant-SGD steps preconditioned by an EMA (0.99) of the *uncentred* diagonal second
-   moment of the per-example gradients, restarted halfway through phase 1, each coordinate's
-   step clipped to ``max_step`` (the centred covariance as warmup preconditioner can send a
-   log-scale site far out in one step);
+2. then constant-SGD steps preconditioned by an EMA (0.99) of the *uncentred* second moment of
+   the per-example gradients (full for kernels with a full preconditioner, else diagonal),
+   restarted halfway through phase 1, each coordinate's step clipped to ``max_step`` (the
+   centred covariance as warmup preconditioner can send a log-scale site far out in one step);
 3. during the last ``noise_window`` fraction, Q is averaged with a
    :func:`~numpyro_sgd.noise.noise_estimator`.
 
@@ -26,6 +26,7 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 import optax
+from jax.scipy.linalg import cho_solve
 from numpyro.util import find_stack_level
 
 from .base import SGKernel
@@ -39,7 +40,8 @@ class WarmupState(NamedTuple):
 
     #: optax Adam state (phase 1)
     adam_state: tuple
-    #: EMA of the uncentred diagonal second moment of ∇Û_S (phase 2 preconditioner)
+    #: EMA of the uncentred second moment of ∇Û_S (phase 2 preconditioner; (D, D) for kernels
+    #: that estimate the full Q, else its diagonal)
     second_moment: jnp.ndarray
     #: running state of the noise estimator (phase 3)
     noise_state: NoiseState
@@ -121,7 +123,7 @@ class NoiseAdaptingKernel(SGKernel):
         dtype = theta.dtype
         return WarmupState(
             adam_state=_adam().init(theta),
-            second_moment=jnp.zeros_like(theta),
+            second_moment=jnp.zeros((theta.shape[0],) * (2 if self._full_noise else 1), theta.dtype),
             noise_state=self._estimator(potential).init(dtype),
             adam_steps=jnp.asarray(adam_steps, jnp.int32),
             window_start=jnp.asarray(window_start, jnp.int32),
@@ -133,14 +135,26 @@ class NoiseAdaptingKernel(SGKernel):
         ws = ks.warmup
         pe, grad, per_example = oracle.per_example_grads(theta, oracle.draw(rng_key))
         # uncentred diagonal second moment of ∇Û_S: Σ_p mean_n(g_{p,n}²) / S_p
-        uncentred = sum(jnp.mean(g**2, axis=0) / g.shape[0] for g in per_example)
+        if self._full_noise:  # full uncentred moment Σ_p mean_n(g gᵀ) / S_p
+            uncentred = sum(g.T @ g / g.shape[0] ** 2 for g in per_example)
+        else:
+            uncentred = sum(jnp.mean(g**2, axis=0) / g.shape[0] for g in per_example)
         second = jnp.where(step == ws.adam_steps // 2, uncentred, 0.99 * ws.second_moment + 0.01 * uncentred)
         # phase 1: Adam, rate held then decaying exponentially
         updates, adam_state = _adam().update(grad, ws.adam_state)
         frac = jnp.clip(2.0 * step / jnp.maximum(ws.adam_steps, 1) - 1.0, 0.0, 1.0)
         lr = ws.adam_lr[0] * (ws.adam_lr[1] / ws.adam_lr[0]) ** frac
-        # phase 2: constant-SGD step preconditioned by the uncentred moment, clipped
-        sgd_delta = -jnp.clip(2.0 * grad / second, -ws.max_step, ws.max_step)
+        # phase 2: constant-SGD step preconditioned by the uncentred moment M = Q + ḡḡᵀ, clipped.
+        # With the full M this is a natural-gradient step whose length limits itself far from
+        # the mode: M⁻¹ḡ = Q⁻¹ḡ / (1 + ḡᵀQ⁻¹ḡ) (Sherman–Morrison), fast along correlated valleys.
+        if self._full_noise:
+            # a generous jitter (relative to the mean diagonal) damps the warmup step in poorly
+            # resolved directions; the frozen preconditioner uses the scale-invariant one
+            jitter = 1e-6 * jnp.trace(second) / second.shape[0] * jnp.eye(second.shape[0], dtype=second.dtype)
+            direction = cho_solve((jnp.linalg.cholesky(second + jitter), True), grad)
+        else:
+            direction = grad / second
+        sgd_delta = -jnp.clip(2.0 * direction, -ws.max_step, ws.max_step)
         delta = jnp.where(step < ws.adam_steps, -lr * updates, sgd_delta)
         # phase 3 (overlapping phase 2): average the noise covariance
         noise_state = self._estimator(oracle.potential).update(ws.noise_state, per_example,
