@@ -1,5 +1,9 @@
 """The main job: every numpyro_sgd kernel against NUTS on one problem, with a table and plots.
 
+Kernels: ConstantSGD (scalar, diag, sqrt, full, full with momentum), SGFS (diag, full), and the
+baselines SGLD, pSGLD and SGHMC (their step sizes derived from the estimated gradient noise,
+warm-started; see the comments in ``main``).
+
 Default problem (embedded, no download): Bayesian logistic regression simulated from the model,
 N = 100,000 observations, D = 8 correlated features plus an intercept, minibatch S = 100.
 NUTS runs on the full data (every leapfrog step is a full-data gradient) and is the reference.
@@ -27,7 +31,7 @@ import numpyro
 import numpyro.distributions as dist
 from numpyro.infer import MCMC, NUTS
 
-from numpyro_sgd import SGLD, ConstantSGD
+from numpyro_sgd import PSGLD, SGFS, SGHMC, SGLD, ConstantSGD
 from numpyro_sgd.diagnostics import compare, convergence_curve, plot_convergence, plot_ellipses, plot_marginals
 
 
@@ -117,6 +121,8 @@ def main(argv=None):
         "ConstantSGD-sqrt": ConstantSGD(model, "sqrt", steps_per_sample=sps),
         "ConstantSGD-full": ConstantSGD(model, "full", steps_per_sample=sps),
         "ConstantSGD-full-momentum": ConstantSGD(model, "full", momentum=0.5, steps_per_sample=sps),
+        "SGFS-diag": SGFS(model, "diag", steps_per_sample=sps),
+        "SGFS-full": SGFS(model, "full", steps_per_sample=sps),
     }
     runs = {}
 
@@ -131,19 +137,28 @@ def main(argv=None):
 
     for name, kernel in kernels.items():
         run(name, kernel)
-    # SGLD (U units): its stationary variance is inflated by about ε λ(Q)/4 by the minibatch
-    # noise Q (estimated by ConstantSGD-full's warmup); ε = 0.4 / λ_max(Q) keeps that at 10 %.
-    # At such a step SGLD cannot burn in from a random point within this budget, so it is
-    # warm-started at ConstantSGD-full's posterior mean (as SGLD is used in practice, from a MAP).
+    # The Langevin baselines have no noise estimate of their own; their step sizes come from the
+    # minibatch gradient-noise covariance Q that ConstantSGD-full estimated in its warmup (U units),
+    # set so that the minibatch noise inflates their stationary variance by about 10 %. At such
+    # steps they cannot burn in from a random point within this budget, so they are warm-started
+    # at ConstantSGD-full's posterior mean (as they are used in practice, from a MAP).
     full = runs["ConstantSGD-full"]
     q = np.asarray(full.last_state.kernel_state.noise_cov[0])
-    eps = 0.4 / float(np.linalg.eigvalsh(q)[-1])
+    q_max = float(np.linalg.eigvalsh(q)[-1])
     start = {k: jnp.broadcast_to(jnp.mean(v, axis=(0, 1)), (args.chains,) + v.shape[2:])
-             for k, v in full.get_samples(group_by_chain=True).items()}
-    start = {"w": start["w"], "b": start["b"]}  # unconstrained = constrained for these sites
-    print(f"SGLD step size {eps:.3g} (0.4 / λ_max of the minibatch gradient-noise covariance), "
-          "warm-started at ConstantSGD-full's mean")
-    run("SGLD (warm start)", SGLD(model, step_size=eps, steps_per_sample=sps), init_params=start)
+             for k, v in full.get_samples(group_by_chain=True).items()}  # w, b: unconstrained = constrained
+    # SGLD: inflation ≈ ε λ(Q)/4
+    eps_sgld = 0.4 / q_max
+    # pSGLD: G ≈ N / √Q_kk near the mode, inflation ≈ ε G Q / 4 = ε N √Q_kk / 4
+    eps_psgld = 0.4 / (n * np.sqrt(np.max(np.diag(q))))
+    # SGHMC: friction at critical damping of the stiffest direction (A ≈ (S/N) Q), inflation ≈ h Q / (2γ)
+    gamma = 2 * np.sqrt(s / n * q_max)
+    h_sghmc = 0.2 * gamma / q_max
+    print(f"baseline steps (warm start): SGLD ε = {eps_sgld:.3g}, pSGLD ε = {eps_psgld:.3g}, "
+          f"SGHMC h = {h_sghmc:.3g}, γ = {gamma:.3g}")
+    run("SGLD", SGLD(model, step_size=eps_sgld, steps_per_sample=sps), init_params=start)
+    run("pSGLD", PSGLD(model, step_size=eps_psgld, steps_per_sample=sps), init_params=start)
+    run("SGHMC", SGHMC(model, step_size=h_sghmc, friction=gamma, steps_per_sample=sps), init_params=start)
 
     table = compare({**runs, "NUTS": nuts}, nuts, wall_times=wall, data_passes=passes)
     import pandas as pd

@@ -102,7 +102,7 @@ class SGFS(NoiseAdaptingKernel):
         ...     mu = numpyro.sample("mu", dist.Normal(0, 10))
         ...     with numpyro.plate("data", y.shape[0], subsample_size=100) as idx:
         ...         numpyro.sample("y", dist.Normal(mu, 1), obs=y[idx])
-        >>> mcmc = MCMC(SGFS(model, max_step=1e-3), num_warmup=500, num_samples=2000, progress_bar=False)
+        >>> mcmc = MCMC(SGFS(model, max_step=0.05), num_warmup=500, num_samples=2000, progress_bar=False)
         >>> mcmc.run(jax.random.key(0), y)
         >>> sd = float(mcmc.get_samples()["mu"].std())  # posterior sd is 1/sqrt(2000) = 0.022
         >>> bool(0.015 < sd < 0.03)

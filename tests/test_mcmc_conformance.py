@@ -11,12 +11,15 @@ import numpyro.distributions as dist
 import pytest
 from numpyro.infer import MCMC
 
-from numpyro_sgd import SGLD, ConstantSGD
+from numpyro_sgd import PSGLD, SGFS, SGHMC, SGLD, ConstantSGD
 
 KERNELS = [
     pytest.param(lambda m, **kw: SGLD(m, step_size=1e-4, **kw), id="SGLD"),
     pytest.param(lambda m, **kw: ConstantSGD(m, "diag", **kw), id="ConstantSGD-diag"),
     pytest.param(lambda m, **kw: ConstantSGD(m, "full", momentum=0.5, **kw), id="ConstantSGD-full-momentum"),
+    pytest.param(lambda m, **kw: SGFS(m, "diag", max_step=1e-3, **kw), id="SGFS-diag"),
+    pytest.param(lambda m, **kw: PSGLD(m, step_size=1e-5, **kw), id="PSGLD"),
+    pytest.param(lambda m, **kw: SGHMC(m, step_size=1e-3, friction=20.0, **kw), id="SGHMC"),
 ]
 
 N, S = 500, 25
