@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax, random
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.mcmc import MCMCKernel
@@ -32,7 +33,7 @@ from numpyro.util import find_stack_level, is_prng_key
 
 from .potential import SUBSAMPLE_METHODS, SubsampledPotential, _SetPlateIndices
 
-__all__ = ["SGState", "SGKernel", "MinibatchOracle"]
+__all__ = ["SGState", "SGKernel", "MinibatchOracle", "is_positive_scalar"]
 
 
 class SGState(NamedTuple):
@@ -128,6 +129,17 @@ def _all_finite(tree, before=None):
         if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
     ]
     return jnp.all(jnp.stack(checks)) if checks else jnp.array(True)
+
+
+def is_positive_scalar(value):
+    """True for a finite real number > 0 given as a Python, NumPy or 0-d JAX scalar (not a bool)."""
+    if isinstance(value, bool) or callable(value) or np.ndim(value) != 0:
+        return False
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return False
+    return bool(np.isfinite(value) and value > 0)
 
 
 def _is_tracer(x):

@@ -16,6 +16,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from .base import is_positive_scalar
 from .noise import PRECONDITIONERS, discrete_time_correction, kl_optimal_preconditioner
 from .warmup import NoiseAdaptingKernel, WarmupState
 
@@ -128,7 +129,7 @@ class ConstantSGD(NoiseAdaptingKernel):
                 f"ConstantSGD: unknown preconditioner {preconditioner!r}; choose one of {PRECONDITIONERS}."
             )
         super().__init__(model, full_noise=preconditioner == "full", **kwargs)
-        if step_size is not None and not (isinstance(step_size, (int, float)) and step_size > 0):
+        if step_size is not None and not is_positive_scalar(step_size):
             raise ValueError(f"ConstantSGD: step_size must be a positive float or None (use ε*), got {step_size!r}.")
         if not 0 < momentum <= 1:
             raise ValueError(

@@ -17,6 +17,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 from jax import lax, random
 
+from .base import is_positive_scalar
 from .noise import discrete_time_correction, sgfs_direction, sgfs_preconditioner
 from .warmup import NoiseAdaptingKernel, WarmupState
 
@@ -113,9 +114,9 @@ class SGFS(NoiseAdaptingKernel):
                  online=True, **kwargs):
         if preconditioner not in ("full", "diag"):
             raise ValueError(f"SGFS: unknown preconditioner {preconditioner!r}; choose 'full' or 'diag'.")
-        if step_size is not None and not (isinstance(step_size, (int, float)) and step_size > 0):
+        if step_size is not None and not is_positive_scalar(step_size):
             raise ValueError(f"SGFS: step_size must be a positive float (Mandt's ε), got {step_size!r}.")
-        if max_step is not None and not (isinstance(max_step, (int, float)) and max_step > 0):
+        if max_step is not None and not is_positive_scalar(max_step):
             raise ValueError(f"SGFS: max_step (h_max) must be a positive float or None (no cap), got {max_step!r}.")
         refresh_every = (1 if preconditioner == "diag" else 10) if refresh_every is None else refresh_every
         if not isinstance(refresh_every, int) or refresh_every < 1:

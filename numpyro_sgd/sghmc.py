@@ -14,7 +14,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 from jax import random
 
-from .base import SGKernel
+from .base import SGKernel, is_positive_scalar
 from .diffusions import underdamped_langevin
 
 __all__ = ["SGHMC", "SGHMCState"]
@@ -64,9 +64,9 @@ class SGHMC(SGKernel):
     def __init__(self, model, step_size, friction, **kwargs):
         super().__init__(model, **kwargs)
         name = type(self).__name__
-        if not (isinstance(step_size, (int, float)) and step_size > 0):
+        if not is_positive_scalar(step_size):
             raise ValueError(f"{name}: step_size must be a positive float, got {step_size!r}.")
-        if not (isinstance(friction, (int, float)) and friction > 0):
+        if not is_positive_scalar(friction):
             raise ValueError(f"{name}: friction must be a positive float (γ; σ² = 2γ), got {friction!r}.")
         self._step_size = float(step_size)
         self._friction = float(friction)

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from jax import random
 from numpyro.infer.initialization import init_to_uniform
 
-from .base import SGKernel
+from .base import SGKernel, is_positive_scalar
 from .diffusions import overdamped_langevin
 
 __all__ = ["SGLD", "SGLDState", "PSGLD", "PSGLDState", "sgld_step", "psgld_step", "robbins_monro"]
@@ -98,7 +98,7 @@ class SGLD(SGKernel):
                  subsample="with_replacement", warmup_subsample=None, init_strategy=init_to_uniform):
         super().__init__(model, steps_per_sample=steps_per_sample, subsample=subsample,
                          warmup_subsample=warmup_subsample, init_strategy=init_strategy)
-        if not callable(step_size) and not (isinstance(step_size, (int, float)) and step_size > 0):
+        if not callable(step_size) and not is_positive_scalar(step_size):
             raise ValueError(
                 f"SGLD: step_size must be a positive float or a schedule (count -> step size), got {step_size!r}."
             )
@@ -192,7 +192,7 @@ class PSGLD(SGKernel):
 
     def __init__(self, model, step_size, *, alpha=0.99, damping=1e-5, **kwargs):
         super().__init__(model, **kwargs)
-        if not (isinstance(step_size, (int, float)) and step_size > 0):
+        if not is_positive_scalar(step_size):
             raise ValueError(f"PSGLD: step_size must be a positive float, got {step_size!r}.")
         if not 0 < alpha < 1:
             raise ValueError(f"PSGLD: alpha (RMSprop decay) must lie in (0, 1), got {alpha}.")

@@ -84,3 +84,13 @@ def test_bad_arguments(kwargs, match):
     model, *_ = _gaussian_problem()
     with pytest.raises(ValueError, match=match):
         SGLD(model, **kwargs)
+
+
+def test_numpy_and_jax_scalars_are_accepted_and_bools_rejected():
+    model, *_ = _gaussian_problem()
+    SGLD(model, step_size=np.float32(1e-5))
+    SGLD(model, step_size=jnp.asarray(1e-5))
+    with pytest.raises(ValueError, match="step_size must be a positive float"):
+        SGLD(model, step_size=True)
+    with pytest.raises(ValueError, match="step_size must be a positive float"):
+        SGLD(model, step_size=float("nan"))
