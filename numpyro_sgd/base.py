@@ -5,7 +5,7 @@ A kernel subclasses :class:`SGKernel` and supplies four pure, per-chain function
 * ``_init_kernel_state(rng_key, theta, potential, num_warmup_steps) -> NamedTuple``
 * ``_warmup_update(rng_key, step, theta, kernel_state, oracle) -> (theta, kernel_state, potential, evals)``
 * ``_sample_update(...)`` with the same signature (the frozen sampling dynamics)
-* ``_end_warmup(kernel_state) -> kernel_state`` (freeze the adapted quantities)
+* ``_end_warmup(kernel_state, theta, oracle) -> kernel_state`` (freeze the adapted quantities)
 
 ``oracle`` is a :class:`MinibatchOracle`: it draws indices and evaluates minibatch
 potentials/gradients of the user's model; ``evals`` is the number of per-datum gradient
@@ -112,6 +112,11 @@ class MinibatchOracle:
         return self.potential.per_example_grads(
             theta, indices, self.model_args, self.model_kwargs, self.params
         )
+
+    def prior_hessian(self, theta, diagonal=False):
+        """Hessian of the potential without its likelihood terms (prior and Jacobians) at θ."""
+        h = jax.hessian(self.potential.prior_potential)(theta, self.model_args, self.model_kwargs, self.params)
+        return jnp.diagonal(h) if diagonal else h
 
     def grad(self, rng_key, theta):
         """Draw a minibatch and return ``(Û_S, ∇Û_S)`` at ``theta``."""
@@ -352,7 +357,10 @@ class SGKernel(MCMCKernel):
             return over_chains(chain)
 
         def finalize(s):
-            return s._replace(kernel_state=self._end_warmup(s.kernel_state))
+            oracle = MinibatchOracle(self.potential, model_args, model_kwargs, self._subsample, s.i,
+                                     random.wrap_key_data(s.shuffle_key), params=self._params_of(s))
+            theta = self.potential.view.ravel(s.z)
+            return s._replace(kernel_state=self._end_warmup(s.kernel_state, theta, oracle))
 
         i = state.i[0] if vectorized else state.i
         w = state.num_warmup_steps[0] if vectorized else state.num_warmup_steps

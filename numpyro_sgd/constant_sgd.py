@@ -83,11 +83,16 @@ class ConstantSGD(NoiseAdaptingKernel):
 
     .. note:: **Discrete-time correction.** The continuous-time optimum H* = (2S/N) C⁻¹ gives a
        stationary covariance C⁻¹/(N − S) in discrete time with i.i.d. minibatches (10 % too
-       wide at S/N = 0.1). The factor 2 is replaced by c = 2/(f + S/N), f = 1 with replacement
-       and (N − S)/(N − 1) without, which makes the full variant exact when the Hessian equals
-       the Fisher (:func:`~numpyro_sgd.noise.discrete_time_correction`). The same c is used for
-       the other preconditioners (where it is a small, conservative change). Set
-       ``discrete_time_correction=False`` for the paper's continuous-time rates.
+       wide at S/N = 0.1), and it is unstable where the prior adds curvature that the gradient
+       noise does not see (a prior-dominated direction with little noise gets a huge step). For
+       θ ← θ − P(A(θ − θ*) + ξ), Cov ξ = fQ, the stationary covariance equals A⁻¹ exactly iff
+       2P − PAP = f PQP, i.e. P = 2 (f Q + A)⁻¹ (then every eigenvalue of PA lies in (0, 2)).
+       With A ≈ (S/N) Q + ∇²U_prior(θ_warmup) (Fisher for the likelihood, the exact Hessian of
+       the prior and Jacobian terms), the frozen preconditioner is the Mandt formula applied to
+       Q_eff = (f + S/N) Q + ∇²U_prior (diagonal of it for the non-full variants); f = 1 with
+       replacement and (N − S)/(N − 1) without
+       (:func:`~numpyro_sgd.noise.discrete_time_correction` gives c = 2/(f + S/N)). Set
+       ``discrete_time_correction=False`` for the paper's continuous-time rates 2 Q⁻¹ etc.
 
     .. note:: **Momentum.** Only ε/μ shapes the stationary law (Eq. 31), so the preconditioner is
        multiplied by μ; the discrete-time correction is the one derived without momentum.
@@ -157,18 +162,24 @@ class ConstantSGD(NoiseAdaptingKernel):
         )
 
     # ------------------------------------------------------------------ dynamics
-    def _end_warmup(self, ks):
+    def _end_warmup(self, ks, theta, oracle):
         # called inside the traced step; the potential is the one of the current run
         potential = self.potential
         plate_noise = self._plate_noise(ks)
         noise = sum(plate_noise)
+        user = None if self._step_size is None else ks.user_step_size
         if self._correct:
+            # exact discrete-time optimum P = 2 (f Q + A)⁻¹ with A ≈ (S/N) Q + ∇²(prior): the
+            # factor c = 2/(f + S/N) and the curvature that the gradient noise does not see
             c = discrete_time_correction(plate_noise, potential.plates, self._subsample == "without_replacement")
+            prior_curvature = oracle.prior_hessian(theta, diagonal=noise.ndim == 1)
+            effective = (2.0 / c) * noise + prior_curvature
         else:
             c = jnp.asarray(2.0, noise.dtype)
-        user = None if self._step_size is None else ks.user_step_size
+            effective = noise
         precond, eps = kl_optimal_preconditioner(
-            self._preconditioner, noise, c, user, potential.num_data, potential.batch_size
+            self._preconditioner, noise if user is not None else effective, 2.0, user,
+            potential.num_data, potential.batch_size,
         )
         # KL-optimal rate with damping μ is μ ε* (Eq. 31); a user ε is taken as given (Eq. 27)
         factor = ks.momentum if user is None else 1.0

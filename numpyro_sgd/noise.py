@@ -222,7 +222,8 @@ def sgfs_preconditioner(kind, noise, ratio, max_precond=jnp.inf):
 
     In U units the SGFS step is θ ← θ − 2 M⁻¹ (∇Û_S + ξ), ξ ~ N(0, Ξ), with
     M = a Q + Ξ (a = ``ratio`` = f + S/N, Ahn's γ·S/N: the discrete-time correction; see
-    :func:`discrete_time_correction`). The total gradient noise is fQ + Ξ, so P = 2 M⁻¹ is
+    :func:`discrete_time_correction`; :class:`~numpyro_sgd.SGFS` passes a Q that already
+    includes the prior's curvature and a = 1). The total gradient noise is fQ + Ξ, so P = 2 M⁻¹ is
     Thm. 3's H* = (2/N)(ε BBᵀ + EEᵀ)⁻¹ with P = ε H / N, Q = N² BBᵀ and Ξ = N² EEᵀ / ε.
 
     Stability rule (Cor. 2): with a cap ``max_precond`` = p_max on the diagonal of P, inject

@@ -90,6 +90,18 @@ class _SetPlateIndices(Messenger):
             msg["args"] = (size, idx.shape[0])
 
 
+class _MaskPlateSites(Messenger):
+    """Mask (drop from the log density) every sample site inside the given plates."""
+
+    def __init__(self, fn=None, plate_names=()):
+        self.plate_names = set(plate_names)
+        super().__init__(fn)
+
+    def process_message(self, msg):
+        if msg["type"] == "sample" and any(f.name in self.plate_names for f in msg["cond_indep_stack"]):
+            msg["fn"] = msg["fn"].mask(False)
+
+
 class _FlatView:
     """Ravel a dict of arrays into one vector and back, with static (picklable) shapes."""
 
@@ -317,6 +329,16 @@ class SubsampledPotential:
             grads.append(grad_p)
         # Every plate's rows average to the same minibatch gradient; use the first plate's.
         return pots[0], jnp.mean(grads[0], axis=0), tuple(grads)
+
+    def prior_potential(self, theta, model_args=(), model_kwargs=None, params=None):
+        """The potential without its likelihood: −log p(θ) − log|J| (sites in the plates masked)."""
+        model_args, model_kwargs = as_jax_args((model_args, {} if model_kwargs is None else model_kwargs))
+        idx = {p.name: jnp.arange(p.subsample_size) for p in self.plates}
+        model = _MaskPlateSites(_SetPlateIndices(self._with_params(params), indices=idx),
+                                plate_names=[p.name for p in self.plates])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return potential_energy(model, model_args, model_kwargs, self.view.unravel(theta))
 
     def full_indices(self):
         return {p.name: jnp.arange(p.size) for p in self.plates}

@@ -5,7 +5,7 @@ Algorithm (U units, see :func:`~numpyro_sgd.noise.sgfs_preconditioner`):
 
     warmup   reach the mode, estimate the gradient-noise covariance Q (shared warmup);
     sample   Q ← running mean of the per-example gradient covariance (κ_t = 1/t, online Fisher)
-             every ``refresh_every`` steps: M = a Q + Ξ, Ξ from the step cap, Cholesky of M
+             every ``refresh_every`` steps: M = a Q + ∇²U_prior + Ξ, Ξ from the step cap, Cholesky
              ξ ~ N(0, Ξ)                                   (injected noise, 4B/ε in Ahn et al.)
              θ ← θ − 2 M⁻¹ (∇Û_S(θ) + ξ)                   (Eq. 35 with H = H* of Eq. 36)
 """
@@ -35,6 +35,8 @@ class SGFSState(NamedTuple):
     injected: jnp.ndarray
     #: a = f + S/N (Ahn's γ S/N; 1 + S/N with replacement)
     ratio: jnp.ndarray
+    #: Hessian of the prior and Jacobian terms at the end of warmup (diag (D,) or full (D, D))
+    prior_curvature: jnp.ndarray
     #: cap p_max = ε h_max / N on the diagonal of P = 2 M⁻¹ (inf: no cap)
     max_precond: jnp.ndarray
     #: refresh period of the factorisation, in SG steps
@@ -73,7 +75,9 @@ class SGFS(NoiseAdaptingKernel):
     ==============================  ==========================================================
 
     Without ``max_step`` no noise is injected (Ξ = 0) and SGFS-f is constant SGD with the full
-    preconditioner 2/(1 + S/N) Q⁻¹ whose Q keeps being averaged (online Fisher). The diagonal
+    preconditioner 2 ((1 + S/N) Q + ∇²U_prior)⁻¹ whose Q keeps being averaged (online Fisher);
+    the prior's curvature (computed once at the end of warmup) keeps prior-dominated directions
+    stable, as for :class:`~numpyro_sgd.ConstantSGD`. The diagonal
     variant (``preconditioner="diag"``, Cor. 2) costs O(S·D) per step; its stationary law is
     biased on correlated posteriors (marginal variances too small), as the Lyapunov equation
     with the truncated preconditioner predicts.
@@ -137,6 +141,7 @@ class SGFS(NoiseAdaptingKernel):
             factor=jnp.full((d, d) if full else (d,), jnp.nan, dtype),
             injected=jnp.zeros(d, dtype),
             ratio=jnp.asarray(jnp.nan, dtype),
+            prior_curvature=jnp.zeros((d, d) if full else (d,), dtype),
             max_precond=jnp.asarray(cap, dtype),
             refresh_every=jnp.asarray(self._refresh_every, jnp.int32),
             warmup=self._init_warmup(theta, potential, num_warmup_steps),
@@ -144,14 +149,18 @@ class SGFS(NoiseAdaptingKernel):
 
     def _refresh(self, ks):
         noise = sum(self._plate_noise(ks))
-        factor, injected = sgfs_preconditioner(self._preconditioner, noise, ks.ratio, ks.max_precond)
+        # M = a Q + ∇²U_prior + Ξ: the exact discrete-time optimum 2 (total noise + A)⁻¹ with
+        # A ≈ (S/N) Q + ∇²U_prior (see ConstantSGD's note on the discrete-time correction)
+        base = ks.ratio * noise + ks.prior_curvature
+        factor, injected = sgfs_preconditioner(self._preconditioner, base, 1.0, ks.max_precond)
         return ks._replace(noise_cov=noise, factor=factor, injected=injected)
 
-    def _end_warmup(self, ks):
+    def _end_warmup(self, ks, theta, oracle):
         potential = self.potential
         # a = 2 / c with c the discrete-time correction of ConstantSGD: Ahn's γ S/N = 1 + S/N
         c = discrete_time_correction(self._plate_noise(ks), potential.plates, self._subsample == "without_replacement")
-        return self._refresh(ks._replace(ratio=jnp.asarray(2.0 / c, ks.ratio.dtype)))
+        prior = oracle.prior_hessian(theta, diagonal=self._preconditioner == "diag")
+        return self._refresh(ks._replace(ratio=jnp.asarray(2.0 / c, ks.ratio.dtype), prior_curvature=prior))
 
     def _sample_update(self, rng_key, step, theta, ks, oracle):
         k_idx, k_noise = random.split(rng_key)

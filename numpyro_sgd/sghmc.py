@@ -84,5 +84,5 @@ class SGHMC(SGKernel):
 
     _warmup_update = _sample_update
 
-    def _end_warmup(self, ks):
+    def _end_warmup(self, ks, theta, oracle):
         return ks

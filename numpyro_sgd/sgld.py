@@ -124,7 +124,7 @@ class SGLD(SGKernel):
     _sample_update = _update
     _adapts = False
 
-    def _end_warmup(self, ks):
+    def _end_warmup(self, ks, theta, oracle):
         return ks
 
     def _diagnostics(self, ks):
@@ -214,5 +214,5 @@ class PSGLD(SGKernel):
 
     _warmup_update = _sample_update
 
-    def _end_warmup(self, ks):
+    def _end_warmup(self, ks, theta, oracle):
         return ks

@@ -104,13 +104,14 @@ def test_noise_estimate_matches_exact(runs, linreg):
 
 
 def test_step_size_is_kl_optimal_epsilon(runs, linreg):
-    """ε* of Thm. 1 (scalar) recomputed from the frozen noise estimate: 2 S D / (N Tr C) · c/2."""
+    """ε* of Thm. 1 (scalar) recomputed from the frozen noise estimate, with the discrete-time
+    correction: P = 2D / Tr((1 + S/N) Q + ∇²U_prior), ∇²U_prior = I / τ², ε = N P."""
     ks = runs["scalar"].last_state.kernel_state
     q = np.asarray(ks.noise_cov[0])
     c = float(ks.correction[0])
     assert c == pytest.approx(2 * linreg.n / (linreg.n + linreg.s))
-    c_per_datum = linreg.s * q / linreg.n**2  # C = S Q / N²
-    eps = c / 2 * 2 * linreg.s * linreg.d / (linreg.n * np.sum(c_per_datum))
+    trace = (1 + linreg.s / linreg.n) * np.sum(q) + linreg.d / linreg.prior_scale**2
+    eps = linreg.n * 2 * linreg.d / trace
     assert float(ks.step_size[0]) == pytest.approx(eps, rel=1e-6)
 
 
