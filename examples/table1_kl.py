@@ -69,7 +69,8 @@ Mandt Eq. 13 / Eq. 34): the value a very long run would reach.
    that the noise matches the curvature, then overshoots (ρ(PA) > 2, and the iterates diverge);
    the columns ``ρ(PA)`` and ``note`` show whether the kernels' frozen preconditioners stay stable.
 
-Run (about 10 minutes on 2 CPU cores; ``--quick`` about 2 minutes)::
+Run (measured on 2 busy CPU cores: about 6.5 minutes, ``--quick`` about 2.5 minutes; a third to
+half of it is compilation, cached in ``.jax_cache`` for later runs)::
 
     python examples/table1_kl.py                      # data from $NUMPYRO_SGD_DATA or ../shared/data
     python examples/table1_kl.py --quick --datasets wine skin
