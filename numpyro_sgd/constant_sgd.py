@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from .base import is_positive_scalar
-from .noise import PRECONDITIONERS, discrete_time_correction, kl_optimal_preconditioner
+from .noise import PRECONDITIONERS, apply_preconditioner, discrete_time_correction, kl_optimal_preconditioner
 from .warmup import NoiseAdaptingKernel, WarmupState
 
 __all__ = ["ConstantSGD", "ConstantSGDState", "constant_sgd_step"]
@@ -51,8 +51,7 @@ def constant_sgd_step(theta, velocity, grad, preconditioner, momentum):
     v ← (1 − μ) v − P ∇Û_S   (at the optimum P carries the factor μ: ε_μ = μ ε*, Eq. 31)
     θ ← θ + v                (μ = 1: θ ← θ − P ∇Û_S, Eq. 15)
     """
-    step = preconditioner @ grad if jnp.ndim(preconditioner) == 2 else preconditioner * grad
-    velocity = (1.0 - momentum) * velocity - step
+    velocity = (1.0 - momentum) * velocity - apply_preconditioner(preconditioner, grad)
     return theta + velocity, velocity
 
 

@@ -9,13 +9,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import random
 
-__all__ = ["overdamped_langevin", "underdamped_langevin", "sgd"]
-
-
-def sgd(position, grad, preconditioner):
-    """θ ← θ − P ∇Û (Mandt et al. Eq. 15 with H = N P); P of shape (), (D,) or (D, D)."""
-    step = preconditioner @ grad if jnp.ndim(preconditioner) == 2 else preconditioner * grad
-    return position - step
+__all__ = ["overdamped_langevin", "underdamped_langevin"]
 
 
 def overdamped_langevin(rng_key, position, grad, step_size, temperature=1.0, preconditioner=None):
