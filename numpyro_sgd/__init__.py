@@ -3,6 +3,7 @@
 from .base import SGKernel, SGState
 from .constant_sgd import ConstantSGD, ConstantSGDState
 from .diagnostics import fit_gaussian, gaussian_kl
+from .iasg import IASG, IASGState
 from .potential import PlateInfo, SubsampledPotential
 from .sgfs import SGFS, SGFSState
 from .sghmc import SGHMC, SGHMCState
@@ -14,6 +15,8 @@ __version__ = "0.1.0"
 __all__ = [
     "ConstantSGD",
     "ConstantSGDState",
+    "IASG",
+    "IASGState",
     "PlateInfo",
     "PSGLD",
     "PSGLDState",

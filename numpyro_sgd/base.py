@@ -237,18 +237,23 @@ class SGKernel(MCMCKernel):
     def _check_setup(self, potential, num_warmup_steps):
         """Kernel-specific validation that needs the traced model (override)."""
 
+    def _resolve_steps_per_sample(self, potential):
+        """SG steps per returned sample once N and S are known (override; IASG: the window)."""
+        return self._steps_per_sample
+
     def init(self, rng_key, num_warmup, init_params=None, model_args=(), model_kwargs=None):
         model_kwargs = {} if model_kwargs is None else model_kwargs
         vectorized = not is_prng_key(rng_key)
         if not isinstance(num_warmup, int) and not _is_tracer(num_warmup):
             num_warmup = int(num_warmup)
-        num_warmup_steps = num_warmup * self._steps_per_sample
         first_key = rng_key[0] if vectorized else rng_key
         self._potential = SubsampledPotential.from_model(
             self._model, model_args, model_kwargs, rng_key=first_key,
             init_strategy=self._init_strategy, kernel_name=type(self).__name__,
         )
         potential = self._potential
+        self._steps_per_sample = self._resolve_steps_per_sample(potential)
+        num_warmup_steps = num_warmup * self._steps_per_sample
         self._check_setup(potential, num_warmup_steps)
         if init_params is not None:
             if hasattr(init_params, "z"):  # numpyro ParamInfo

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg
 
-__all__ = ["lyapunov_covariance", "as_matrix"]
+__all__ = ["lyapunov_covariance", "as_matrix", "iterate_average_covariance", "iasg_covariance", "window_error"]
 
 
 def as_matrix(precond, dim):
@@ -48,3 +48,70 @@ def lyapunov_covariance(precond, hessian, noise_cov, discrete=False):
     pa = p @ a
     # solve_continuous_lyapunov solves X Σ + Σ Xᴴ = Y
     return scipy.linalg.solve_continuous_lyapunov(pa, rhs)
+
+
+def iterate_average_covariance(precond, hessian, noise_cov, window, discrete=True):
+    """Covariance of the average of ``window`` = T consecutive stationary iterates of
+    θ ← θ − P (A_U (θ − θ*) + ξ), ξ ~ N(0, Q) (the samples of :class:`~numpyro_sgd.IASG`).
+
+    With G = P A_U, M = I − G and Σ the stationary covariance of one iterate
+    (:func:`lyapunov_covariance`), Cov(θ_t, θ_{t+k}) = Σ (Mᵏ)ᵀ, so
+
+        Cov(θ̄_T) = (K Σ + Σ Kᵀ − T Σ) / T²,
+
+    * ``discrete=True`` (exact for the linear recursion): K = Σ_{k=0}^{T−1} (T − k) Mᵏ
+      = (T G − M (I − M^T)) G⁻²;
+    * ``discrete=False`` (Mandt et al. App. F, Eq. 66–71, for any P; Eq. 71 is the case P = ε/N):
+      the Ornstein–Uhlenbeck limit K = T G⁻¹ − G⁻² (I − e^{−G T}), without the −TΣ term.
+
+    :param precond: P, scalar, (D,) or (D, D).
+    :param hessian: A_U, (D, D).
+    :param noise_cov: Q (noise covariance of ∇Û_S), (D,) or (D, D).
+    :param int window: T ≥ 1.
+    :return: (D, D) NumPy array.
+    """
+    a = np.asarray(hessian, dtype=float)
+    d = a.shape[0]
+    sigma = lyapunov_covariance(precond, a, noise_cov, discrete=discrete)
+    g = as_matrix(precond, d) @ a
+    eye = np.eye(d)
+    g_inv = np.linalg.inv(g)
+    t = int(window)
+    if discrete:
+        m = eye - g
+        k = (t * g - m @ (eye - np.linalg.matrix_power(m, t))) @ g_inv @ g_inv
+        cov = (k @ sigma + sigma @ k.T - t * sigma) / t**2
+    else:
+        k = t * g_inv - g_inv @ g_inv @ (eye - scipy.linalg.expm(-g * t))
+        cov = (k @ sigma + sigma @ k.T) / t**2
+    return 0.5 * (cov + cov.T)
+
+
+def iasg_covariance(hessian, num_data, batch_size, step_size, window=None):
+    """Mandt et al. Eq. 44 (Eq. 45 for T = N/S): the covariance of IASG samples under
+    assumption A5 (Fisher = Hessian, so one SGD iterate has covariance ε/(2S) I, Eq. 43),
+
+        D = 1/(S T) A⁻¹ + 1/(ε S T²) U Λ⁻² (e^{−ε T Λ} − I) Uᵀ,   A = U Λ Uᵀ = A_U / N,
+
+    for θ ← θ − ε ĝ_S, ĝ_S = ∇Û_S / N (no preconditioner). With T = N/S the first term is the
+    posterior covariance A_U⁻¹; the second is the finite-window error (:func:`window_error`).
+
+    :param hessian: A_U = ∇²U at the mode, (D, D) (NumPyro's units; divided by N here).
+    :param int num_data: N.
+    :param int batch_size: S.
+    :param float step_size: ε (Mandt's units).
+    :param int window: T (default N/S).
+    :return: (D, D) NumPy array.
+    """
+    n, s, eps = float(num_data), float(batch_size), float(step_size)
+    t = n / s if window is None else float(window)
+    lam, u = np.linalg.eigh(np.asarray(hessian, dtype=float) / n)
+    diag = 1.0 / (s * t * lam) + (np.exp(-eps * t * lam) - 1.0) / (eps * s * t**2 * lam**2)
+    return (u * diag) @ u.T
+
+
+def window_error(x):
+    """Relative shortfall of the averaged variance along an eigendirection with εTλ = x
+    (Mandt et al. Eq. 46 with T = N/S): (1 − e^{−x}) / x. Small iff x is large (Eq. 47)."""
+    x = np.asarray(x, dtype=float)
+    return -np.expm1(-x) / x

@@ -11,7 +11,7 @@ import numpyro.distributions as dist
 import pytest
 from numpyro.infer import MCMC
 
-from numpyro_sgd import PSGLD, SGFS, SGHMC, SGLD, ConstantSGD
+from numpyro_sgd import IASG, PSGLD, SGFS, SGHMC, SGLD, ConstantSGD
 
 KERNELS = [
     pytest.param(lambda m, **kw: SGLD(m, step_size=1e-4, **kw), id="SGLD"),
@@ -20,6 +20,9 @@ KERNELS = [
     pytest.param(lambda m, **kw: SGFS(m, "diag", max_step=1e-3, **kw), id="SGFS-diag"),
     pytest.param(lambda m, **kw: PSGLD(m, step_size=1e-5, **kw), id="PSGLD"),
     pytest.param(lambda m, **kw: SGHMC(m, step_size=1e-3, friction=20.0, **kw), id="SGHMC"),
+    # the window is IASG's steps_per_sample (a window ≠ N/S warns that the covariance is rescaled)
+    pytest.param(lambda m, steps_per_sample=1, **kw: IASG(m, window=steps_per_sample, preconditioner="diag", **kw),
+                 id="IASG-diag", marks=pytest.mark.filterwarnings("ignore:IASG")),
 ]
 
 N, S = 500, 25

@@ -1,0 +1,330 @@
+"""Iterate-averaging stochastic gradient sampler (Mandt, Hoffman & Blei 2017, Sec. 5.2, Alg. 1).
+
+Algorithm (ALGORITHMS.md, "IASG"):
+
+    warmup   reach the mode region and estimate the curvature A (Fisher = Hessian, A5) from
+             the gradient noise, as :class:`~numpyro_sgd.ConstantSGD` does; fix ε (and H)
+    sample   repeat T = N/S times:  θ_t = θ_{t−1} − ε H ĝ_S(θ_{t−1})        (Alg. 1, SGD step)
+             return μ = (1/T) Σ_{t'<T} θ_{t−t'}                               (Alg. 1, average)
+
+One returned sample is one window: T SG steps in one compiled loop, N per-datum gradients.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.scipy.linalg import cho_solve
+from numpyro.util import find_stack_level
+
+from .base import is_positive_scalar
+from .noise import apply_preconditioner, regularized_cholesky
+from .warmup import NoiseAdaptingKernel, WarmupState
+
+__all__ = ["IASG", "IASGState", "default_window_product"]
+
+IASG_PRECONDITIONERS = (None, "diag", "full")
+
+
+def default_window_product(error):
+    """The x = ε T λ_min at which the relative variance shortfall (1 − e^{−x})/x of Eq. 46
+    equals ``error`` (fixed point of x = (1 − e^{−x})/error; x ≈ 1/error for small errors)."""
+    if not 0 < error < 1:
+        raise ValueError(f"window_error must lie in (0, 1), got {error}.")
+    x = 1.0 / error
+    for _ in range(100):
+        x = -math.expm1(-x) / error
+    return x
+
+
+class IASGState(NamedTuple):
+    """Kernel state of :class:`IASG` (one chain)."""
+
+    #: P = (ε/N) H of θ ← θ − P ∇Û_S: () without preconditioner, (D,) diag, (D, D) full
+    preconditioner: jnp.ndarray
+    #: ε in Mandt's units (θ ← θ − ε H ĝ_S, ĝ_S = ∇Û_S / N)
+    step_size: jnp.ndarray
+    #: user override of ε (NaN: the default of :class:`IASG`)
+    user_step_size: jnp.ndarray
+    #: curvature estimate A_U ≈ Σ_p (S_p/N_p) Q_p + ∇²U_prior (A5), (D, D) or its diagonal (D,)
+    curvature: jnp.ndarray
+    #: smallest / largest eigenvalue of H A (A = A_U / N) at the end of warmup
+    eig_min: jnp.ndarray
+    eig_max: jnp.ndarray
+    #: estimated gradient-noise covariance Q of ∇Û_S, frozen after warmup
+    noise_cov: jnp.ndarray
+    #: the last SGD iterate (the chain continues from it; the sample field holds the average)
+    iterate: jnp.ndarray
+    #: Σ of the iterates of the current window and how many were taken
+    iterate_sum: jnp.ndarray
+    num_averaged: jnp.ndarray
+    #: warmup state (see :mod:`numpyro_sgd.warmup`)
+    warmup: WarmupState
+
+
+class IASG(NoiseAdaptingKernel):
+    """Iterate-averaged constant SGD as a posterior sampler (IASG).
+
+    **References:**
+
+    1. *Stochastic Gradient Descent as Approximate Bayesian Inference*, S. Mandt, M. D. Hoffman,
+       D. M. Blei, JMLR 18 (2017): Sec. 5.2, Alg. 1 (sampler), Eq. 43–45 and App. F / Eq. 66–72
+       (covariance of the averages), Eq. 46–47 (validity window), Eq. 42 (preconditioning).
+
+    =========================  ==========================================================
+    paper                      here
+    =========================  ==========================================================
+    ε (θ ← θ − ε ĝ_S)          ``step_size`` (default below); ĝ_S = ∇Û_S / N
+    T = N/S                    ``window`` (default ⌈N/S⌉, N and S summed over plates)
+    H ≈ A⁻¹ (Sec. 5.2, end)    ``preconditioner``: None (H = I, Alg. 1), ``"diag"``, ``"full"``
+    A = BBᵀ (A5)               A_U estimated in warmup from the gradient noise + prior Hessian
+    =========================  ==========================================================
+
+    Each returned sample is the mean of T consecutive SGD iterates (non-overlapping windows),
+    computed inside one compiled loop; the chain itself continues from the last iterate. A
+    sample therefore costs T·S ≈ N per-datum gradients (``data_passes`` grows by one per
+    sample), and ``num_warmup`` / ``num_samples`` of :class:`~numpyro.infer.MCMC` count windows
+    (data passes), not SG steps.
+
+    **Why it samples.** Under A1–A5 one SGD iterate has covariance ε/(2S)·I (Eq. 43) and the
+    mean of T of them has covariance D = A⁻¹/(ST) minus a finite-window term (Eq. 44); with
+    T = N/S this is the posterior A_U⁻¹ up to the relative shortfall (1 − e^{−x})/x along
+    each eigendirection, x = ε T λ (Eq. 45–46). Preconditioning with H leaves the long-window
+    covariance unchanged (Eq. 42) and replaces λ by the eigenvalues of HA, which makes the
+    window condition easy to meet on ill-conditioned posteriors (Eq. 47).
+
+    **Default step size.** From the curvature estimated at the end of warmup (A_U ≈ Fisher +
+    prior Hessian, i.e. A5), ε = min(x*/(T λ_min), 1/λ_max) with λ the eigenvalues of HA and
+    x* chosen so that the shortfall of Eq. 46 is ``window_error`` (default 5 %, x* ≈ 20);
+    1/λ_max is half the stability limit 2/λ_max of Eq. 47. If the cap binds, Eq. 47 cannot
+    be met (condition number too large for N/S) and a warning says so with the numbers;
+    ``preconditioner="full"`` (λ ≈ 1) is the remedy the paper proposes. A user ``step_size``
+    is checked against the same window, also with a warning (ε λ_max ≥ 2 diverges).
+    The warnings are raised at the end of warmup (Python warnings from the compiled run);
+    :meth:`validity` returns the numbers.
+
+    .. note:: The averaged samples have the *sandwich* covariance A⁻¹ C A⁻¹ / N (Eq. 40/42
+       with Σ from the true noise C), which equals the posterior covariance A⁻¹/N when the
+       Fisher equals the Hessian (A5). A prior that is strong relative to the data, or a
+       misspecified likelihood, makes the samples narrower or wider than the posterior
+       along the affected directions (no SG tuning can change this: Polyak–Juditsky).
+       :meth:`predicted_covariance` computes the exact prediction from the full-data Hessian.
+
+    :param model: NumPyro model with a subsample plate.
+    :param float step_size: ε in Mandt's units (optional; default above).
+    :param int window: T, SG steps averaged per sample (default ⌈N/S⌉: one data pass). Another
+        window scales the samples' covariance by N/(T S) (Eq. 44); a warning says so.
+    :param preconditioner: None (the paper's Alg. 1), ``"diag"`` (H = diag(A)⁻¹ from the
+        diagonal noise estimate, O(S·D) warmup) or ``"full"`` (H = A⁻¹, Cholesky; D × D noise
+        estimate in warmup). Without a preconditioner the full noise is estimated too (for λ_min
+        and λ_max); with ``"diag"`` only the diagonal is, so the validity check sees scales
+        but not correlations.
+    :param float window_error: target shortfall of Eq. 46 along λ_min for the default ε (0.05).
+    :param kwargs: warmup options of :class:`~numpyro_sgd.warmup.NoiseAdaptingKernel` and
+        :class:`~numpyro_sgd.base.SGKernel` (``subsample``, ``warmup_subsample``,
+        ``init_strategy``); ``steps_per_sample`` is the window and cannot be given.
+
+    .. doctest::
+
+        >>> import jax, numpyro, numpyro.distributions as dist
+        >>> from numpyro.infer import MCMC
+        >>> from numpyro_sgd import IASG
+        >>> y = jax.random.normal(jax.random.key(1), (2000,)) + 3.0
+        >>> def model(y):
+        ...     mu = numpyro.sample("mu", dist.Normal(0, 10))
+        ...     with numpyro.plate("data", y.shape[0], subsample_size=20) as idx:
+        ...         numpyro.sample("y", dist.Normal(mu, 1), obs=y[idx])
+        >>> mcmc = MCMC(IASG(model), num_warmup=10, num_samples=1000, progress_bar=False)
+        >>> mcmc.run(jax.random.key(0), y, extra_fields=("data_passes",))
+        >>> sd = float(mcmc.get_samples()["mu"].std())  # posterior sd is 1/sqrt(2000) = 0.022
+        >>> bool(0.018 < sd < 0.027), float(mcmc.get_extra_fields()["data_passes"][-1])
+        (True, 1010.0)
+    """
+
+    def __init__(self, model, step_size=None, window=None, preconditioner=None, *, window_error=0.05, **kwargs):
+        if "steps_per_sample" in kwargs:
+            raise TypeError("IASG: steps_per_sample is the averaging window; pass window=T instead.")
+        if preconditioner not in IASG_PRECONDITIONERS:
+            raise ValueError(f"IASG: unknown preconditioner {preconditioner!r}; choose one of {IASG_PRECONDITIONERS}.")
+        if step_size is not None and not is_positive_scalar(step_size):
+            raise ValueError(f"IASG: step_size must be a positive float or None (default rule), got {step_size!r}.")
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ValueError(
+                f"IASG: window must be an integer >= 1 (SG steps averaged per sample; default N/S), got {window!r}."
+            )
+        super().__init__(model, full_noise=preconditioner != "diag", **kwargs)
+        self._step_size = step_size
+        self._window = window
+        self._preconditioner = preconditioner
+        self._window_x = default_window_product(window_error)
+        self._warned = False
+
+    # ------------------------------------------------------------------ setup
+    def _resolve_steps_per_sample(self, potential):
+        one_pass = -(-potential.num_data // potential.batch_size)  # ⌈N/S⌉
+        if self._window is None:
+            return one_pass
+        if self._window != one_pass:
+            ratio = potential.num_data / (self._window * potential.batch_size)
+            warnings.warn(
+                f"IASG: window={self._window} averages T·S = {self._window * potential.batch_size} per-datum "
+                f"gradients per sample, not N = {potential.num_data}: the samples' covariance is "
+                f"N/(T S) = {ratio:.3g} × the posterior's (Mandt et al. Eq. 44). Use window={one_pass} "
+                "(the default) for posterior samples.",
+                stacklevel=find_stack_level(),
+            )
+        return self._window
+
+    def _init_kernel_state(self, rng_key, theta, potential, num_warmup_steps):
+        self._warned = False
+        d, dtype = theta.shape[0], theta.dtype
+        nan = jnp.asarray(jnp.nan, dtype)
+        shape = {None: (), "diag": (d,), "full": (d, d)}[self._preconditioner]
+        noise_shape = (d,) if self._preconditioner == "diag" else (d, d)
+        return IASGState(
+            preconditioner=jnp.full(shape, jnp.nan, dtype),
+            step_size=nan,
+            user_step_size=jnp.asarray(jnp.nan if self._step_size is None else self._step_size, dtype),
+            curvature=jnp.zeros(noise_shape, dtype),
+            eig_min=nan,
+            eig_max=nan,
+            noise_cov=jnp.zeros(noise_shape, dtype),
+            iterate=theta,
+            iterate_sum=jnp.zeros_like(theta),
+            num_averaged=jnp.zeros((), jnp.int32),
+            warmup=self._init_warmup(theta, potential, num_warmup_steps),
+        )
+
+    # ------------------------------------------------------------------ end of warmup
+    def _end_warmup(self, ks, theta, oracle):
+        potential = self.potential
+        plate_noise = self._plate_noise(ks)
+        n, t = potential.num_data, self._steps_per_sample
+        full = self._preconditioner != "diag"
+        # A5: the likelihood Hessian of plate p is its Fisher N_p C_p = (S_p/N_p) Q_p
+        fisher = sum(q * (p.subsample_size / p.size) for q, p in zip(plate_noise, potential.plates))
+        curvature = fisher + oracle.prior_hessian(theta, diagonal=not full)
+        a = curvature / n  # Mandt's A (Hessian of the average loss)
+        if self._preconditioner is None:
+            eig = jnp.linalg.eigvalsh(a)
+            h = jnp.ones((), a.dtype)
+        elif self._preconditioner == "diag":
+            eig = jnp.ones_like(a)  # diag(A)⁻¹ A with a diagonal A estimate
+            h = 1.0 / a
+        else:
+            eig = jnp.ones(a.shape[0], a.dtype)
+            h = cho_solve((regularized_cholesky(a), True), jnp.eye(a.shape[0], dtype=a.dtype))
+        lo, hi = jnp.min(eig), jnp.max(eig)
+        default = jnp.minimum(self._window_x / (t * lo), 1.0 / hi)
+        eps = default if self._step_size is None else ks.user_step_size
+        jax.debug.callback(self._warn_validity, eps, lo, hi)
+        return ks._replace(
+            preconditioner=(eps / n * h).astype(a.dtype),
+            step_size=jnp.asarray(eps, a.dtype),
+            curvature=curvature,
+            eig_min=lo,
+            eig_max=hi,
+            noise_cov=sum(plate_noise),
+        )
+
+    def _validity_numbers(self, eps, lo, hi):
+        t = self._steps_per_sample
+        x = eps * t * lo
+        return {"step_size": eps, "window": t, "eig_min": lo, "eig_max": hi, "stability": eps * hi,
+                "window_product": x, "window_error": float(-math.expm1(-x) / x)}
+
+    def _warn_validity(self, eps, lo, hi):
+        """Python warning (once per run) when ε and T fall outside Eq. 46–47 (host callback)."""
+        import numpy as np
+
+        if self._warned:
+            return
+        eps, lo, hi = float(np.max(eps)), float(np.min(lo)), float(np.max(hi))
+        if not (np.isfinite(eps) and np.isfinite(lo) and np.isfinite(hi) and lo > 0):
+            return
+        v = self._validity_numbers(eps, lo, hi)
+        problems = []
+        if v["stability"] >= 2:
+            problems.append(f"ε λ_max = {v['stability']:.3g} ≥ 2: the SGD iterates diverge (Eq. 47); lower step_size "
+                            f"below {2 / hi:.3g}")
+        if v["window_error"] > 2 * (-math.expm1(-self._window_x) / self._window_x):
+            problems.append(
+                f"ε T λ_min = {v['window_product']:.3g}: the samples' variance along the least-constrained "
+                f"direction is about {100 * v['window_error']:.0f} % too small (Eq. 46; condition number "
+                f"λ_max/λ_min = {hi / lo:.3g} vs T = {v['window']}). "
+                + ("Use preconditioner='full' (H ≈ A⁻¹) or more data per window"
+                   if self._step_size is None else "Increase step_size (below 2/λ_max) or use the default")
+            )
+        if problems:
+            self._warned = True
+            warnings.warn(f"IASG: step size ε = {eps:.3g} and window T = {v['window']} are outside the validity "
+                          "window of Mandt et al. Eq. 46–47: " + "; ".join(problems) + ".", stacklevel=2)
+
+    # ------------------------------------------------------------------ sampling
+    def _sample_update(self, rng_key, step, theta, ks, oracle):
+        pe, grad = oracle.grad(rng_key, theta)
+        theta = theta - apply_preconditioner(ks.preconditioner, grad)  # Alg. 1, SGD step
+        ks = ks._replace(iterate_sum=ks.iterate_sum + theta, num_averaged=ks.num_averaged + 1)
+        return theta, ks, pe, oracle.batch_size
+
+    def sample(self, state, model_args, model_kwargs):
+        """One window: T SG steps from the last iterate; the sample is their average (Alg. 1).
+        Warmup samples are the last iterate."""
+        vectorized = jnp.ndim(state.i) > 0
+        over_chains = jax.vmap if vectorized else (lambda f: f)
+        view = self.potential.view
+        sampling = state.i >= state.num_warmup_steps
+        ks = state.kernel_state
+        ks = ks._replace(iterate_sum=jnp.zeros_like(ks.iterate_sum), num_averaged=jnp.zeros_like(ks.num_averaged))
+        state = state._replace(z=over_chains(view.unravel)(ks.iterate), kernel_state=ks)
+        state = super().sample(state, model_args, model_kwargs)
+        ks = state.kernel_state
+        last = over_chains(view.ravel)(state.z)
+        count = jnp.maximum(ks.num_averaged, 1)[..., None]
+        mean = jnp.where(sampling[..., None] & (ks.num_averaged[..., None] > 0), ks.iterate_sum / count, last)
+        return state._replace(z=over_chains(view.unravel)(mean), kernel_state=ks._replace(iterate=last))
+
+    # ------------------------------------------------------------------ theory
+    def validity(self, state, chain=0):
+        """The numbers of Mandt et al. Eq. 46–47 for the frozen ε, T and estimated curvature.
+
+        :return: dict with ``step_size`` ε, ``window`` T, ``eig_min`` / ``eig_max`` (of HA,
+            estimated), ``stability`` ε λ_max (< 2 required), ``window_product`` x = ε T λ_min
+            and ``window_error`` (1 − e^{−x})/x, the predicted relative variance shortfall.
+        """
+        ks = state.kernel_state
+        pick = (lambda x: float(x[chain])) if jnp.ndim(state.i) > 0 else float
+        return self._validity_numbers(pick(ks.step_size), pick(ks.eig_min), pick(ks.eig_max))
+
+    def predicted_covariance(self, state, *model_args, at=None, chain=0, discrete=True, **model_kwargs):
+        """Covariance of the samples predicted from the frozen P and Q and the exact Hessian.
+
+        The exact law of the average of T iterates of the linear recursion
+        (:func:`~numpyro_sgd.theory.iterate_average_covariance`; ``discrete=False``: the
+        continuous-time Eq. 71 of Mandt et al., Eq. 44/45 under A5), with A_U the Hessian of the
+        full-data potential at ``at`` (default: the chain's current average).
+
+        :return: (D, D) NumPy array in the order of ``self.potential.view.names``.
+        """
+        import numpy as np
+
+        from .theory import iterate_average_covariance
+
+        pick = (lambda x: x[chain]) if jnp.ndim(state.i) > 0 else (lambda x: x)
+        ks = jax.tree.map(pick, state.kernel_state)
+        potential = self.potential
+        theta = potential.view.ravel(jax.tree.map(pick, state.z)) if at is None else jnp.asarray(at)
+        hessian = jax.hessian(potential.full_potential)(theta, model_args, model_kwargs)
+        noise = np.asarray(ks.noise_cov)
+        if self._subsample == "without_replacement":
+            n, s = potential.num_data, potential.batch_size
+            noise = noise * (n - s) / max(n - 1, 1)
+        return iterate_average_covariance(np.asarray(ks.preconditioner), np.asarray(hessian), noise,
+                                          self._steps_per_sample, discrete=discrete)
+
+    def _diagnostics(self, ks):
+        return f"ε {float(ks.step_size):.3g}"
