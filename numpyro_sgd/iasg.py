@@ -179,15 +179,21 @@ class IASG(NoiseAdaptingKernel):
             )
         return self._window
 
+    def _check_setup(self, potential, num_warmup_steps):
+        if self._step_size is None or self._preconditioner is not None:
+            super()._check_setup(potential, num_warmup_steps)  # ε or H come from the warmup estimate
+
     def _init_kernel_state(self, rng_key, theta, potential, num_warmup_steps):
         self._warned = False
         d, dtype = theta.shape[0], theta.dtype
         nan = jnp.asarray(jnp.nan, dtype)
         shape = {None: (), "diag": (d,), "full": (d, d)}[self._preconditioner]
         noise_shape = (d,) if self._preconditioner == "diag" else (d, d)
+        # Alg. 1 as written (a given ε, H = I) needs no warmup estimate: usable with num_warmup=0
+        given = self._step_size is not None and self._preconditioner is None
         return IASGState(
-            preconditioner=jnp.full(shape, jnp.nan, dtype),
-            step_size=nan,
+            preconditioner=jnp.full(shape, self._step_size / potential.num_data if given else jnp.nan, dtype),
+            step_size=jnp.asarray(self._step_size, dtype) if given else nan,
             user_step_size=jnp.asarray(jnp.nan if self._step_size is None else self._step_size, dtype),
             curvature=jnp.zeros(noise_shape, dtype),
             eig_min=nan,

@@ -165,6 +165,19 @@ def test_default_window_product():
         default_window_product(1.5)
 
 
+def test_given_step_size_runs_without_warmup():
+    """Alg. 1 as written: a given ε and no preconditioner need no warmup estimate."""
+    x, y = _small()
+    mcmc = MCMC(IASG(model, step_size=0.2), num_warmup=0, num_samples=300, progress_bar=False)
+    mcmc.run(jax.random.key(0), x, y, init_params={"w": jnp.zeros(D)})
+    assert int(mcmc.last_state.num_divergences) == 0
+    post, _, _ = _exact(x, y)
+    draws = np.asarray(mcmc.get_samples()["w"])[50:]
+    # ε T λ_min ≈ 0.2·50·0.7 = 7: shortfall ≤ 15 % (Eq. 46), + 5 sd of a variance from 250 draws
+    ratio = np.diag(np.cov(draws.T)) / np.diag(post)
+    assert np.all((ratio > 0.85 - 5 * np.sqrt(2 / 250)) & (ratio < 1 + 5 * np.sqrt(2 / 250))), ratio
+
+
 def _small():
     x, y = _data()
     return x[:500], y[:500]
