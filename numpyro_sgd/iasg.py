@@ -23,22 +23,26 @@ from numpyro.util import find_stack_level
 
 from .base import is_positive_scalar
 from .noise import apply_preconditioner, regularized_cholesky
+from .theory import averaged_variance_shortfall
 from .warmup import NoiseAdaptingKernel, WarmupState
 
-__all__ = ["IASG", "IASGState", "default_window_product"]
+__all__ = ["IASG", "IASGState", "default_step_product"]
 
 IASG_PRECONDITIONERS = (None, "diag", "full")
 
 
-def default_window_product(error):
-    """The x = ε T λ_min at which the relative variance shortfall (1 − e^{−x})/x of Eq. 46
-    equals ``error`` (fixed point of x = (1 − e^{−x})/error; x ≈ 1/error for small errors)."""
+def default_step_product(error, window):
+    """The u = ε λ_min in (0, 1] at which the exact shortfall of the averaged variance
+    (:func:`~numpyro_sgd.theory.averaged_variance_shortfall`, the discrete form of Eq. 46)
+    equals ``error`` for a window of T steps; u ≈ 1/(error·T) for long windows (Eq. 46), and
+    u → 1 (a Newton-like step, no shortfall at all) when T is short."""
     if not 0 < error < 1:
         raise ValueError(f"window_error must lie in (0, 1), got {error}.")
-    x = 1.0 / error
-    for _ in range(100):
-        x = -math.expm1(-x) / error
-    return x
+    lo, hi = 0.0, 1.0  # the shortfall decreases from 1 to 0 on (0, 1]
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if averaged_variance_shortfall(mid, window) > error else (lo, mid)
+    return hi
 
 
 class IASGState(NamedTuple):
@@ -98,14 +102,16 @@ class IASG(NoiseAdaptingKernel):
     window condition easy to meet on ill-conditioned posteriors (Eq. 47).
 
     **Default step size.** From the curvature estimated at the end of warmup (A_U ≈ Fisher +
-    prior Hessian, i.e. A5), ε = min(x*/(T λ_min), 1/λ_max) with λ the eigenvalues of HA and
-    x* chosen so that the shortfall of Eq. 46 is ``window_error`` (default 5 %, x* ≈ 20);
-    1/λ_max is half the stability limit 2/λ_max of Eq. 47. If the cap binds, Eq. 47 cannot
-    be met (condition number too large for N/S) and a warning says so with the numbers;
-    ``preconditioner="full"`` (λ ≈ 1) is the remedy the paper proposes. A user ``step_size``
-    is checked against the same window, also with a warning (ε λ_max ≥ 2 diverges).
-    The warnings are raised at the end of warmup (Python warnings from the compiled run);
-    :meth:`validity` returns the numbers.
+    prior Hessian, i.e. A5), ε = min(u*/λ_min, 1/λ_max) with λ the eigenvalues of HA and u*
+    chosen so that the exact discrete-time shortfall of the averaged variance along λ_min
+    (:func:`~numpyro_sgd.theory.averaged_variance_shortfall`; Eq. 46 for small ε) is
+    ``window_error`` (default 5 %: u* T ≈ 20 for long windows). The cap 1/λ_max is half the
+    stability limit 2/λ_max of Eq. 47 and exact (no shortfall) along λ_max. If the cap binds,
+    Eq. 47 cannot be met (condition number too large for N/S) and a warning says so with the
+    numbers; ``preconditioner="full"`` (λ ≈ 1) is the remedy the paper proposes. A user
+    ``step_size`` is checked the same way (ε λ_max ≥ 2 diverges; 1 < ε λ_max < 2 makes the
+    stiff directions too wide). The warnings are raised at the end of warmup (Python warnings
+    from the compiled run); :meth:`validity` returns the numbers.
 
     .. note:: The averaged samples have the *sandwich* covariance A⁻¹ C A⁻¹ / N (Eq. 40/42
        with Σ from the true noise C), which equals the posterior covariance A⁻¹/N when the
@@ -123,7 +129,7 @@ class IASG(NoiseAdaptingKernel):
         estimate in warmup). Without a preconditioner the full noise is estimated too (for λ_min
         and λ_max); with ``"diag"`` only the diagonal is, so the validity check sees scales
         but not correlations.
-    :param float window_error: target shortfall of Eq. 46 along λ_min for the default ε (0.05).
+    :param float window_error: target variance shortfall along λ_min for the default ε (0.05).
     :param kwargs: warmup options of :class:`~numpyro_sgd.warmup.NoiseAdaptingKernel` and
         :class:`~numpyro_sgd.base.SGKernel` (``subsample``, ``warmup_subsample``,
         ``init_strategy``); ``steps_per_sample`` is the window and cannot be given.
@@ -160,12 +166,15 @@ class IASG(NoiseAdaptingKernel):
         self._step_size = step_size
         self._window = window
         self._preconditioner = preconditioner
-        self._window_x = default_window_product(window_error)
+        default_step_product(window_error, 1)  # validates window_error before any compute
+        self._window_error = window_error
+        self._step_product = None  # u* = ε λ_min of the default ε, set once T is known
         self._warned = False
 
     # ------------------------------------------------------------------ setup
     def _resolve_steps_per_sample(self, potential):
         one_pass = -(-potential.num_data // potential.batch_size)  # ⌈N/S⌉
+        self._step_product = default_step_product(self._window_error, self._window or one_pass)
         if self._window is None:
             return one_pass
         if self._window != one_pass:
@@ -209,7 +218,7 @@ class IASG(NoiseAdaptingKernel):
     def _end_warmup(self, ks, theta, oracle):
         potential = self.potential
         plate_noise = self._plate_noise(ks)
-        n, t = potential.num_data, self._steps_per_sample
+        n = potential.num_data
         full = self._preconditioner != "diag"
         # A5: the likelihood Hessian of plate p is its Fisher N_p C_p = (S_p/N_p) Q_p
         fisher = sum(q * (p.subsample_size / p.size) for q, p in zip(plate_noise, potential.plates))
@@ -225,7 +234,7 @@ class IASG(NoiseAdaptingKernel):
             eig = jnp.ones(a.shape[0], a.dtype)
             h = cho_solve((regularized_cholesky(a), True), jnp.eye(a.shape[0], dtype=a.dtype))
         lo, hi = jnp.min(eig), jnp.max(eig)
-        default = jnp.minimum(self._window_x / (t * lo), 1.0 / hi)
+        default = jnp.minimum(self._step_product / lo, 1.0 / hi)
         eps = default if self._step_size is None else ks.user_step_size
         jax.debug.callback(self._warn_validity, eps, lo, hi)
         return ks._replace(
@@ -241,7 +250,9 @@ class IASG(NoiseAdaptingKernel):
         t = self._steps_per_sample
         x = eps * t * lo
         return {"step_size": eps, "window": t, "eig_min": lo, "eig_max": hi, "stability": eps * hi,
-                "window_product": x, "window_error": float(-math.expm1(-x) / x)}
+                "window_product": x, "window_error_eq46": float(-math.expm1(-x) / x),
+                "window_error": float(averaged_variance_shortfall(eps * lo, t)),
+                "stiff_error": float(averaged_variance_shortfall(eps * hi, t))}
 
     def _warn_validity(self, eps, lo, hi):
         """Python warning (once per run) when ε and T fall outside Eq. 46–47 (host callback)."""
@@ -253,11 +264,15 @@ class IASG(NoiseAdaptingKernel):
         if not (np.isfinite(eps) and np.isfinite(lo) and np.isfinite(hi) and lo > 0):
             return
         v = self._validity_numbers(eps, lo, hi)
+        limit = max(2 * self._window_error, 0.1)
         problems = []
         if v["stability"] >= 2:
             problems.append(f"ε λ_max = {v['stability']:.3g} ≥ 2: the SGD iterates diverge (Eq. 47); lower step_size "
                             f"below {2 / hi:.3g}")
-        if v["window_error"] > 2 * (-math.expm1(-self._window_x) / self._window_x):
+        elif v["stiff_error"] < -limit:
+            problems.append(f"ε λ_max = {v['stability']:.3g}: the samples' variance along the stiffest direction is "
+                            f"about {-100 * v['stiff_error']:.0f} % too large; lower step_size towards {1 / hi:.3g}")
+        if v["window_error"] > limit:
             problems.append(
                 f"ε T λ_min = {v['window_product']:.3g}: the samples' variance along the least-constrained "
                 f"direction is about {100 * v['window_error']:.0f} % too small (Eq. 46; condition number "
@@ -299,8 +314,10 @@ class IASG(NoiseAdaptingKernel):
         """The numbers of Mandt et al. Eq. 46–47 for the frozen ε, T and estimated curvature.
 
         :return: dict with ``step_size`` ε, ``window`` T, ``eig_min`` / ``eig_max`` (of HA,
-            estimated), ``stability`` ε λ_max (< 2 required), ``window_product`` x = ε T λ_min
-            and ``window_error`` (1 − e^{−x})/x, the predicted relative variance shortfall.
+            estimated), ``stability`` ε λ_max (< 2 required), ``window_product`` x = ε T λ_min,
+            ``window_error_eq46`` (1 − e^{−x})/x, and the exact discrete-time shortfalls of the
+            averaged variance along λ_min (``window_error``) and λ_max (``stiff_error``,
+            negative: too wide), under A5.
         """
         ks = state.kernel_state
         pick = (lambda x: float(x[chain])) if jnp.ndim(state.i) > 0 else float

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg
 
-__all__ = ["lyapunov_covariance", "as_matrix", "iterate_average_covariance", "iasg_covariance", "window_error"]
+__all__ = ["lyapunov_covariance", "as_matrix", "iterate_average_covariance", "iasg_covariance", "window_error",
+           "averaged_variance_shortfall"]
 
 
 def as_matrix(precond, dim):
@@ -115,3 +116,20 @@ def window_error(x):
     (Mandt et al. Eq. 46 with T = N/S): (1 − e^{−x}) / x. Small iff x is large (Eq. 47)."""
     x = np.asarray(x, dtype=float)
     return -np.expm1(-x) / x
+
+
+def averaged_variance_shortfall(u, window):
+    """Exact discrete-time counterpart of Eq. 46: the relative shortfall 1 − Var(θ̄_T)/posterior
+    variance along an eigendirection of HA where one step contracts by 1 − u (u = ε λ), under
+    A5 and T = N/S:
+
+        2 (1 − u) (1 − (1 − u)^T) / (T u (2 − u)).
+
+    It tends to (1 − e^{−uT})/(uT) (Eq. 46) as u → 0, vanishes at u = 1 (the iterates are then
+    independent draws of variance T × the posterior's, and their mean is exact) and is negative
+    (the samples too wide) for 1 < u < 2. Derived from :func:`iterate_average_covariance` with
+    Q = (N/S) A_U.
+    """
+    u = np.asarray(u, dtype=float)
+    t = float(window)
+    return 2.0 * (1.0 - u) * (1.0 - (1.0 - u) ** t) / (t * u * (2.0 - u))

@@ -17,8 +17,14 @@ import pytest
 from numpyro.infer import MCMC
 
 from numpyro_sgd import IASG
-from numpyro_sgd.iasg import default_window_product
-from numpyro_sgd.theory import iasg_covariance, iterate_average_covariance, lyapunov_covariance, window_error
+from numpyro_sgd.iasg import default_step_product
+from numpyro_sgd.theory import (
+    averaged_variance_shortfall,
+    iasg_covariance,
+    iterate_average_covariance,
+    lyapunov_covariance,
+    window_error,
+)
 
 N, D, S = 5000, 10, 10
 
@@ -158,11 +164,22 @@ def test_theory_discrete_average_equals_brute_force_and_eq44():
     np.testing.assert_allclose(iasg_covariance(hessian, n, s, eps), expected, atol=1e-12 * np.abs(expected).max())
 
 
-def test_default_window_product():
+def test_default_step_product_and_discrete_shortfall():
+    # the shortfall formula is the 1-D case of the exact averaged covariance under A5, relative
+    # to its long-window limit N/(S T) × the posterior variance 1/a (Eq. 44)
+    n, s, a = 400, 4, 250.0
+    for u, t in ((0.01, 100), (0.3, 7), (1.0, 5), (1.6, 9)):
+        exact = iterate_average_covariance(u / a, [[a]], [[n / s * a]], t)[0, 0]
+        assert abs((1 - exact * a * s * t / n) - averaged_variance_shortfall(u, t)) < 1e-10
     for err in (0.01, 0.05, 0.2):
-        assert abs(window_error(default_window_product(err)) - err) < 1e-10
+        for t in (3, 20, 1000):
+            u = default_step_product(err, t)
+            assert 0 < u <= 1 and abs(averaged_variance_shortfall(u, t) - err) < 1e-9
+    # long windows: u T → the x of the continuous Eq. 46
+    u = default_step_product(0.05, 100_000)
+    assert abs(window_error(u * 100_000) - 0.05) < 1e-3
     with pytest.raises(ValueError, match="window_error"):
-        default_window_product(1.5)
+        default_step_product(1.5, 10)
 
 
 def test_given_step_size_runs_without_warmup():
