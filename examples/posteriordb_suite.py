@@ -1,7 +1,8 @@
 """numpyro_sgd kernels on posteriordb reference posteriors (10,000 Stan NUTS draws each).
 
 For every posterior folder under ``<data>/posteriordb`` (see its README) this runs ConstantSGD
-(full and diagonal preconditioners) and SGLD on the NumPyro rewrite of the model
+(full and diagonal preconditioners), IASG (full preconditioner, the same number of SG steps) and
+SGLD on the NumPyro rewrite of the model
 (``numpyro_reference_models.py`` in the same folder, imported from there) with the data plate
 subsampled, and prints per posterior and kernel: max |mean error| in reference-sd units, max
 relative sd error (constrained scale) and the Gaussian-fit KL in both directions on the
@@ -29,7 +30,7 @@ import jax
 import numpy as np
 from numpyro.infer import MCMC
 
-from numpyro_sgd import SGLD, ConstantSGD, SubsampledPotential
+from numpyro_sgd import IASG, SGLD, ConstantSGD, SubsampledPotential
 from numpyro_sgd.diagnostics import compare
 
 GOLD = [
@@ -69,13 +70,17 @@ def run_posterior(name, pdb_dir, models, args, key):
     n = SubsampledPotential.from_model(model, (data,), {"subsample_size": 2}).plates[0].size
     s = max(2, min(args.max_subsample, n // 5))
     rows, wall, sps = {}, {}, args.steps_per_sample
+    # IASG returns one sample per window of T = ⌈N/S⌉ SG steps: same SG-step budget, fewer samples
+    window = -(-n // s)
     kernels = {
-        "ConstantSGD-full": lambda: ConstantSGD(model, "full", steps_per_sample=sps),
-        "ConstantSGD-diag": lambda: ConstantSGD(model, "diag", steps_per_sample=sps),
+        "ConstantSGD-full": (lambda: ConstantSGD(model, "full", steps_per_sample=sps), 1),
+        "ConstantSGD-diag": (lambda: ConstantSGD(model, "diag", steps_per_sample=sps), 1),
+        "IASG-full": (lambda: IASG(model, preconditioner="full"), sps / window),
     }
     runs = {}
-    for kname, make in kernels.items():
-        mcmc = MCMC(make(), num_warmup=args.num_warmup, num_samples=args.num_samples, num_chains=args.chains,
+    for kname, (make, per_sample) in kernels.items():
+        mcmc = MCMC(make(), num_warmup=max(1, round(args.num_warmup * per_sample)),
+                    num_samples=round(args.num_samples * per_sample), num_chains=args.chains,
                     chain_method="vectorized", progress_bar=False)
         start = time.perf_counter()
         mcmc.run(key, data, subsample_size=s)

@@ -1,6 +1,7 @@
 """The main job: every numpyro_sgd kernel against NUTS on one problem, with a table and plots.
 
-Kernels: ConstantSGD (scalar, diag, sqrt, full, full with momentum), SGFS (diag, full), and the
+Kernels: ConstantSGD (scalar, diag, sqrt, full, full with momentum), SGFS (diag, full), IASG
+(without and with the full preconditioner, at the same budget of data passes), and the
 baselines SGLD, pSGLD and SGHMC (their step sizes derived from the estimated gradient noise,
 warm-started; see the comments in ``main``).
 
@@ -31,7 +32,7 @@ import numpyro
 import numpyro.distributions as dist
 from numpyro.infer import MCMC, NUTS
 
-from numpyro_sgd import PSGLD, SGFS, SGHMC, SGLD, ConstantSGD
+from numpyro_sgd import IASG, PSGLD, SGFS, SGHMC, SGLD, ConstantSGD
 from numpyro_sgd.diagnostics import compare, convergence_curve, plot_convergence, plot_ellipses, plot_marginals
 
 
@@ -126,8 +127,8 @@ def main(argv=None):
     }
     runs = {}
 
-    def run(name, kernel, init_params=None):
-        mcmc = MCMC(kernel, num_warmup=args.num_warmup, num_samples=args.num_samples, num_chains=args.chains,
+    def run(name, kernel, init_params=None, num_warmup=args.num_warmup, num_samples=args.num_samples):
+        mcmc = MCMC(kernel, num_warmup=num_warmup, num_samples=num_samples, num_chains=args.chains,
                     chain_method="vectorized", progress_bar=False)
         wall[name] = run_timed(mcmc, key, X, y, subsample_size=s, extra_fields=("data_passes",),
                                init_params=init_params)
@@ -137,6 +138,12 @@ def main(argv=None):
 
     for name, kernel in kernels.items():
         run(name, kernel)
+    # IASG: one sample = one data pass (the mean of N/S SGD iterates), so at the same budget of
+    # data passes it returns num_samples · steps_per_sample · S / N samples per chain
+    iasg_warmup = max(1, round(args.num_warmup * sps * s / n))
+    iasg_samples = max(10, round(args.num_samples * sps * s / n))
+    for name, precond in (("IASG", None), ("IASG-full", "full")):
+        run(name, IASG(model, preconditioner=precond), num_warmup=iasg_warmup, num_samples=iasg_samples)
     # The Langevin baselines have no noise estimate of their own; their step sizes come from the
     # minibatch gradient-noise covariance Q that ConstantSGD-full estimated in its warmup (U units),
     # set so that the minibatch noise inflates their stationary variance by about 10 %. At such

@@ -174,7 +174,18 @@ class IASG(NoiseAdaptingKernel):
     # ------------------------------------------------------------------ setup
     def _resolve_steps_per_sample(self, potential):
         one_pass = -(-potential.num_data // potential.batch_size)  # ⌈N/S⌉
-        self._step_product = default_step_product(self._window_error, self._window or one_pass)
+        window = self._window or one_pass
+        self._step_product = default_step_product(self._window_error, window)
+        if self._step_size is None and self._step_product > 0.25:
+            warnings.warn(
+                f"IASG: the window T = {window} is short (N = {potential.num_data}, S = {potential.batch_size}): "
+                f"a {100 * self._window_error:.0g} % variance shortfall needs ε λ ≈ {self._step_product:.2f}, "
+                "far outside the small-step regime (A1–A4) the averaging theory assumes; on non-Gaussian "
+                "posteriors expect biased means and sds (the iterates spread over T × the posterior). "
+                "IASG needs N/S ≫ 20 × the condition number (Eq. 47): use a smaller subsample_size, "
+                "or ConstantSGD(model, 'full') for small data sets.",
+                stacklevel=find_stack_level(),
+            )
         if self._window is None:
             return one_pass
         if self._window != one_pass:

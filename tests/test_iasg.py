@@ -207,6 +207,14 @@ def test_step_size_outside_validity_window_warns(step_size, match):
         mcmc.run(jax.random.key(0), *_small())
 
 
+def test_short_window_warns():
+    """N/S = 5: the default ε needs ε λ ≈ 0.9 (Newton-like steps), outside the theory's regime."""
+    x, y = _small()
+    with pytest.warns(UserWarning, match="window T = 5 is short"):
+        MCMC(IASG(model), num_warmup=2, num_samples=2, progress_bar=False).run(
+            jax.random.key(0), x[:50], y[:50])
+
+
 def test_window_other_than_one_pass_warns_with_the_scale():
     mcmc = MCMC(IASG(model, window=25), num_warmup=5, num_samples=2, progress_bar=False)
     with pytest.warns(UserWarning, match=r"N/\(T S\) = 2 × the posterior"):
