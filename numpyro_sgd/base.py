@@ -375,10 +375,24 @@ class SGKernel(MCMCKernel):
             return lax.cond(i + k >= w, over_chains(finalize), lambda s: s, s)
 
         state = state._replace(diverging=jnp.zeros_like(state.diverging))
+        sampling = state.i >= state.num_warmup_steps
+        state = self._begin_block(state)
         if not self._adapts and self._warmup_subsample == self._subsample:
             # warmup is plain burn-in with the sampling dynamics: no phase switch at all
-            return block(self._sample_update, self._subsample)(state)
-        return lax.cond(i < w, warmup, block(self._sample_update, self._subsample), state)
+            state = block(self._sample_update, self._subsample)(state)
+        else:
+            state = lax.cond(i < w, warmup, block(self._sample_update, self._subsample), state)
+        return self._end_block(state, sampling)
+
+    def _begin_block(self, state):
+        """Prepare ``state`` (all chains) before the SG steps of one returned sample (override)."""
+        return state
+
+    def _end_block(self, state, sampling):
+        """Turn ``state`` after the SG steps of one returned sample into the returned state
+        (override; IASG: the sample field becomes the window's average). ``sampling`` tells, per
+        chain, whether the block was a sampling block."""
+        return state
 
     # ------------------------------------------------------------------ reporting
     def _diagnostics(self, kernel_state):

@@ -303,17 +303,17 @@ class IASG(NoiseAdaptingKernel):
         ks = ks._replace(iterate_sum=ks.iterate_sum + theta, num_averaged=ks.num_averaged + 1)
         return theta, ks, pe, oracle.batch_size
 
-    def sample(self, state, model_args, model_kwargs):
-        """One window: T SG steps from the last iterate; the sample is their average (Alg. 1).
-        Warmup samples are the last iterate."""
-        vectorized = jnp.ndim(state.i) > 0
-        over_chains = jax.vmap if vectorized else (lambda f: f)
-        view = self.potential.view
-        sampling = state.i >= state.num_warmup_steps
+    def _begin_block(self, state):
+        """A window starts from the last SGD iterate (the sample field holds the last average)."""
+        over_chains = jax.vmap if jnp.ndim(state.i) > 0 else (lambda f: f)
         ks = state.kernel_state
         ks = ks._replace(iterate_sum=jnp.zeros_like(ks.iterate_sum), num_averaged=jnp.zeros_like(ks.num_averaged))
-        state = state._replace(z=over_chains(view.unravel)(ks.iterate), kernel_state=ks)
-        state = super().sample(state, model_args, model_kwargs)
+        return state._replace(z=over_chains(self.potential.view.unravel)(ks.iterate), kernel_state=ks)
+
+    def _end_block(self, state, sampling):
+        """The sample is the mean of the window's iterates (Alg. 1); warmup samples are the last iterate."""
+        over_chains = jax.vmap if jnp.ndim(state.i) > 0 else (lambda f: f)
+        view = self.potential.view
         ks = state.kernel_state
         last = over_chains(view.ravel)(state.z)
         count = jnp.maximum(ks.num_averaged, 1)[..., None]
