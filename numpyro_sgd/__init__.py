@@ -9,6 +9,7 @@ from .sgfs import SGFS, SGFSState
 from .sghmc import SGHMC, SGHMCState
 from .sgld import PSGLD, SGLD, PSGLDState, SGLDState, robbins_monro
 from .theory import lyapunov_covariance
+from .vem import VariationalEM, VariationalEMState
 
 __version__ = "0.1.0"
 
@@ -29,6 +30,8 @@ __all__ = [
     "SGLDState",
     "SGState",
     "SubsampledPotential",
+    "VariationalEM",
+    "VariationalEMState",
     "fit_gaussian",
     "gaussian_kl",
     "lyapunov_covariance",

@@ -170,6 +170,9 @@ class SGKernel(MCMCKernel):
     #: whether warmup differs from sampling (adaptation, then ``_end_warmup``); kernels whose
     #: warmup is plain burn-in set it to False and skip the per-sample phase switch
     _adapts = True
+    #: whether every SG iterate is a draw of the sampled law (False for IASG, whose draws are
+    #: window averages): wrappers that need posterior draws (VariationalEM) use the returned samples
+    _iterates_are_samples = True
 
     def __init__(self, model, *, steps_per_sample=1, subsample="with_replacement",
                  warmup_subsample=None, init_strategy=init_to_uniform):
@@ -362,10 +365,7 @@ class SGKernel(MCMCKernel):
             return over_chains(chain)
 
         def finalize(s):
-            oracle = MinibatchOracle(self.potential, model_args, model_kwargs, self._subsample, s.i,
-                                     random.wrap_key_data(s.shuffle_key), params=self._params_of(s))
-            theta = self.potential.view.ravel(s.z)
-            return s._replace(kernel_state=self._end_warmup(s.kernel_state, theta, oracle))
+            return self._freeze(s, model_args, model_kwargs)
 
         i = state.i[0] if vectorized else state.i
         w = state.num_warmup_steps[0] if vectorized else state.num_warmup_steps
@@ -376,19 +376,26 @@ class SGKernel(MCMCKernel):
 
         state = state._replace(diverging=jnp.zeros_like(state.diverging))
         sampling = state.i >= state.num_warmup_steps
-        state = self._begin_block(state)
+        state = self._begin_block(state, model_args, model_kwargs)
         if not self._adapts and self._warmup_subsample == self._subsample:
             # warmup is plain burn-in with the sampling dynamics: no phase switch at all
             state = block(self._sample_update, self._subsample)(state)
         else:
             state = lax.cond(i < w, warmup, block(self._sample_update, self._subsample), state)
-        return self._end_block(state, sampling)
+        return self._end_block(state, sampling, model_args, model_kwargs)
 
-    def _begin_block(self, state):
+    def _freeze(self, state, model_args, model_kwargs):
+        """``_end_warmup`` of one chain at its current point and params."""
+        oracle = MinibatchOracle(self.potential, model_args, model_kwargs, self._subsample, state.i,
+                                 random.wrap_key_data(state.shuffle_key), params=self._params_of(state))
+        theta = self.potential.view.ravel(state.z)
+        return state._replace(kernel_state=self._end_warmup(state.kernel_state, theta, oracle))
+
+    def _begin_block(self, state, model_args, model_kwargs):
         """Prepare ``state`` (all chains) before the SG steps of one returned sample (override)."""
         return state
 
-    def _end_block(self, state, sampling):
+    def _end_block(self, state, sampling, model_args, model_kwargs):
         """Turn ``state`` after the SG steps of one returned sample into the returned state
         (override; IASG: the sample field becomes the window's average). ``sampling`` tells, per
         chain, whether the block was a sampling block."""

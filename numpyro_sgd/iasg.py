@@ -151,6 +151,8 @@ class IASG(NoiseAdaptingKernel):
         (True, 1010.0)
     """
 
+    _iterates_are_samples = False
+
     def __init__(self, model, step_size=None, window=None, preconditioner=None, *, window_error=0.05, **kwargs):
         if "steps_per_sample" in kwargs:
             raise TypeError("IASG: steps_per_sample is the averaging window; pass window=T instead.")
@@ -303,14 +305,14 @@ class IASG(NoiseAdaptingKernel):
         ks = ks._replace(iterate_sum=ks.iterate_sum + theta, num_averaged=ks.num_averaged + 1)
         return theta, ks, pe, oracle.batch_size
 
-    def _begin_block(self, state):
+    def _begin_block(self, state, model_args, model_kwargs):
         """A window starts from the last SGD iterate (the sample field holds the last average)."""
         over_chains = jax.vmap if jnp.ndim(state.i) > 0 else (lambda f: f)
         ks = state.kernel_state
         ks = ks._replace(iterate_sum=jnp.zeros_like(ks.iterate_sum), num_averaged=jnp.zeros_like(ks.num_averaged))
         return state._replace(z=over_chains(self.potential.view.unravel)(ks.iterate), kernel_state=ks)
 
-    def _end_block(self, state, sampling):
+    def _end_block(self, state, sampling, model_args, model_kwargs):
         """The sample is the mean of the window's iterates (Alg. 1); warmup samples are the last iterate."""
         over_chains = jax.vmap if jnp.ndim(state.i) > 0 else (lambda f: f)
         view = self.potential.view

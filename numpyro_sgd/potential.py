@@ -29,6 +29,7 @@ import numpy as np
 from jax import random
 from numpyro import handlers
 from numpyro.distributions import biject_to
+from numpyro.distributions.constraints import real
 from numpyro.distributions.transforms import IdentityTransform
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.util import constrain_fn, potential_energy
@@ -146,10 +147,11 @@ class SubsampledPotential:
         on the minibatch and are not returned by :meth:`constrain`).
     :param str kernel_name: name used in error messages.
     :param dict transforms: site name -> transform from unconstrained space to the support.
+    :param dict param_constraints: ``numpyro.param`` name -> its constraint (``real`` if none).
     """
 
     def __init__(self, model, plates, view, param_values, observed, plate_deterministic, kernel_name,
-                 transforms=None):
+                 transforms=None, param_constraints=None):
         self.model = model
         self.plates = tuple(plates)
         self.view = view
@@ -158,6 +160,7 @@ class SubsampledPotential:
         self.plate_deterministic = tuple(plate_deterministic)
         self.kernel_name = kernel_name
         self.transforms = {} if transforms is None else transforms
+        self.param_constraints = {k: real for k in param_values} if param_constraints is None else param_constraints
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -183,9 +186,11 @@ class SubsampledPotential:
             )
         names = {p.name for p in plates}
         latent, params, observed, plate_det = {}, {}, {p.name: [] for p in plates}, []
+        param_constraints = {}
         for name, site in tr.items():
             if site["type"] == "param":
                 params[name] = site["value"]
+                param_constraints[name] = site["kwargs"].get("constraint", real)
                 continue
             in_plates = _site_plates(site, names)
             if site["type"] == "deterministic":
@@ -227,7 +232,7 @@ class SubsampledPotential:
         view = _FlatView(unconstrained)
         obs = {k: tuple(v) for k, v in observed.items()}
         transforms = {k: biject_to(s["fn"].support) for k, s in latent.items()}
-        return cls(model, plates, view, params, obs, plate_det, kernel_name, transforms)
+        return cls(model, plates, view, params, obs, plate_det, kernel_name, transforms, param_constraints)
 
     # ------------------------------------------------------------------ basic facts
     @property
