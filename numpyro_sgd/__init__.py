@@ -5,6 +5,7 @@ from .constant_sgd import ConstantSGD, ConstantSGDState
 from .diagnostics import fit_gaussian, gaussian_kl
 from .iasg import IASG, IASGState
 from .potential import PlateInfo, SubsampledPotential
+from .santa import Santa, SantaState, map_estimate, polynomial_annealing, santa
 from .sgfs import SGFS, SGFSState
 from .sghmc import SGHMC, SGHMCState
 from .sgld import PSGLD, SGLD, PSGLDState, SGLDState, robbins_monro
@@ -22,6 +23,11 @@ __all__ = [
     "PSGLD",
     "PSGLDState",
     "SGFS",
+    "Santa",
+    "SantaState",
+    "map_estimate",
+    "polynomial_annealing",
+    "santa",
     "SGFSState",
     "SGHMC",
     "SGHMCState",

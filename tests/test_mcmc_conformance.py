@@ -11,7 +11,7 @@ import numpyro.distributions as dist
 import pytest
 from numpyro.infer import MCMC
 
-from numpyro_sgd import IASG, PSGLD, SGFS, SGHMC, SGLD, ConstantSGD
+from numpyro_sgd import IASG, PSGLD, SGFS, SGHMC, SGLD, ConstantSGD, Santa
 
 KERNELS = [
     pytest.param(lambda m, **kw: SGLD(m, step_size=1e-4, **kw), id="SGLD"),
@@ -23,6 +23,7 @@ KERNELS = [
     # the window is IASG's steps_per_sample (a window ≠ N/S warns that the covariance is rescaled)
     pytest.param(lambda m, steps_per_sample=1, **kw: IASG(m, window=steps_per_sample, preconditioner="diag", **kw),
                  id="IASG-diag", marks=pytest.mark.filterwarnings("ignore:IASG")),
+    pytest.param(lambda m, **kw: Santa(m, step_size=1e-6, **kw), id="Santa"),
 ]
 
 N, S = 500, 25
