@@ -1,9 +1,9 @@
 """The main job: every numpyro_sgd kernel against NUTS on one problem, with a table and plots.
 
 Kernels: ConstantSGD (scalar, diag, sqrt, full, full with momentum), SGFS (diag, full), IASG
-(without and with the full preconditioner, at the same budget of data passes), and the
-baselines SGLD, pSGLD and SGHMC (their step sizes derived from the estimated gradient noise,
-warm-started; see the comments in ``main``).
+(without and with the full preconditioner, at the same budget of data passes), Santa at β = 1,
+and the baselines SGLD, pSGLD and SGHMC (the step sizes of these four derived from the estimated
+gradient noise, warm-started; see the comments in ``main``).
 
 Default problem (embedded, no download): Bayesian logistic regression simulated from the model,
 N = 100,000 observations, D = 8 correlated features plus an intercept, minibatch S = 100.
@@ -32,7 +32,7 @@ import numpyro
 import numpyro.distributions as dist
 from numpyro.infer import MCMC, NUTS
 
-from numpyro_sgd import IASG, PSGLD, SGFS, SGHMC, SGLD, ConstantSGD
+from numpyro_sgd import IASG, PSGLD, SGFS, SGHMC, SGLD, ConstantSGD, Santa
 from numpyro_sgd.diagnostics import compare, convergence_curve, plot_convergence, plot_ellipses, plot_marginals
 
 
@@ -166,6 +166,14 @@ def main(argv=None):
     run("SGLD", SGLD(model, step_size=eps_sgld, steps_per_sample=sps), init_params=start)
     run("pSGLD", PSGLD(model, step_size=eps_psgld, steps_per_sample=sps), init_params=start)
     run("SGHMC", SGHMC(model, step_size=h_sghmc, friction=gamma, steps_per_sample=sps), init_params=start)
+    # Santa at β = 1 (a preconditioned SG thermostat sampler): η = (0.2/ω)² with ω² the top
+    # eigenvalue of G A_U G, g_k = (Q_kk/N²)^(−1/4) its RMSprop preconditioner near the mode and
+    # A_U ≈ (S/N) Q (see the Santa docstring); warm-started like the baselines
+    g = (np.diag(q) / n**2) ** -0.25
+    omega = np.sqrt(np.linalg.eigvalsh(g[:, None] * (s / n * q) * g[None, :])[-1])
+    eta_santa = (0.2 / omega) ** 2
+    print(f"Santa (β = 1, warm start): η = {eta_santa:.3g}")
+    run("Santa", Santa(model, eta_santa, steps_per_sample=sps), init_params=start)
 
     table = compare({**runs, "NUTS": nuts}, nuts, wall_times=wall, data_passes=passes)
     import pandas as pd
