@@ -3,6 +3,7 @@
 from .base import SGKernel, SGState
 from .constant_sgd import ConstantSGD, ConstantSGDState
 from .diagnostics import fit_gaussian, gaussian_kl
+from .ewsg import EWSG, EWSGVR, EWSGState, EWSGVRState, OverdampedEWSG, OverdampedEWSGState
 from .iasg import IASG, IASGState
 from .potential import PlateInfo, SubsampledPotential
 from .santa import Santa, SantaState, map_estimate, polynomial_annealing, santa
@@ -17,6 +18,12 @@ __version__ = "0.1.0"
 __all__ = [
     "ConstantSGD",
     "ConstantSGDState",
+    "EWSG",
+    "EWSGState",
+    "EWSGVR",
+    "EWSGVRState",
+    "OverdampedEWSG",
+    "OverdampedEWSGState",
     "IASG",
     "IASGState",
     "PlateInfo",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import random
 
-__all__ = ["overdamped_langevin", "underdamped_langevin"]
+__all__ = ["overdamped_langevin", "underdamped_langevin", "underdamped_langevin_matrix_friction"]
 
 
 def overdamped_langevin(rng_key, position, grad, step_size, temperature=1.0, preconditioner=None):
@@ -32,4 +32,18 @@ def underdamped_langevin(rng_key, position, momentum, grad, step_size, friction)
     noise = random.normal(rng_key, jnp.shape(momentum), jnp.result_type(momentum))
     new_position = position + step_size * momentum
     new_momentum = momentum - step_size * (grad + friction * momentum) + jnp.sqrt(2.0 * friction * step_size) * noise
+    return new_position, new_momentum
+
+
+def underdamped_langevin_matrix_friction(rng_key, position, momentum, grad, step_size, friction, noise_scale):
+    """:func:`underdamped_langevin` with a friction matrix Γ (D × D) and noise amplitude σ given apart:
+
+    θ' = θ + h r,   r' = r − h (∇Û(θ) + Γ r) + σ √h ξ.
+
+    With Γ = (σ² I + h Q)/2 the extra minibatch noise of covariance h² Q per step is compensated
+    by dissipation (fluctuation–dissipation at temperature 1; EWSG paper App. F).
+    """
+    noise = random.normal(rng_key, jnp.shape(momentum), jnp.result_type(momentum))
+    new_position = position + step_size * momentum
+    new_momentum = momentum - step_size * (grad + friction @ momentum) + noise_scale * jnp.sqrt(step_size) * noise
     return new_position, new_momentum
