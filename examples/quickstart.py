@@ -2,7 +2,7 @@
 
 Kernels: ConstantSGD (scalar, diag, sqrt, full, full with momentum), SGFS (diag, full), IASG
 (without and with the full preconditioner, at the same budget of data passes), Santa at β = 1,
-and the baselines SGLD, pSGLD and SGHMC (the step sizes of these four derived from the estimated
+EWSG, and the baselines SGLD, pSGLD and SGHMC (the step sizes of these five derived from the estimated
 gradient noise, warm-started; see the comments in ``main``).
 
 Default problem (embedded, no download): Bayesian logistic regression simulated from the model,
@@ -32,7 +32,7 @@ import numpyro
 import numpyro.distributions as dist
 from numpyro.infer import MCMC, NUTS
 
-from numpyro_sgd import IASG, PSGLD, SGFS, SGHMC, SGLD, ConstantSGD, Santa
+from numpyro_sgd import EWSG, IASG, PSGLD, SGFS, SGHMC, SGLD, ConstantSGD, Santa
 from numpyro_sgd.diagnostics import compare, convergence_curve, plot_convergence, plot_ellipses, plot_marginals
 
 
@@ -166,6 +166,10 @@ def main(argv=None):
     run("SGLD", SGLD(model, step_size=eps_sgld, steps_per_sample=sps), init_params=start)
     run("pSGLD", PSGLD(model, step_size=eps_psgld, steps_per_sample=sps), init_params=start)
     run("SGHMC", SGHMC(model, step_size=h_sghmc, friction=gamma, steps_per_sample=sps), init_params=start)
+    # EWSG (M = 1) at SGHMC's step and friction: each step costs 2 minibatch gradients, so it
+    # gets half the SG steps for the same data passes
+    run("EWSG", EWSG(model, step_size=h_sghmc, friction=gamma, steps_per_sample=sps), init_params=start,
+        num_warmup=args.num_warmup // 2, num_samples=args.num_samples // 2)
     # Santa at β = 1 (a preconditioned SG thermostat sampler): η = (0.2/ω)² with ω² the top
     # eigenvalue of G A_U G, g_k = (Q_kk/N²)^(−1/4) its RMSprop preconditioner near the mode and
     # A_U ≈ (S/N) Q (see the Santa docstring); warm-started like the baselines
