@@ -112,8 +112,10 @@ def santa_step(rng_key, grad, state, learning_rate, beta, explore, *, sigma=0.99
     g = 1.0 / jnp.sqrt(damping + jnp.sqrt(v))
     g_prev = jnp.where(jnp.isnan(state.prev_precond), g, state.prev_precond)
     # α₀ = √η C with C = g₁ when the thermostat starts undetermined (NaN): the friction that
-    # balances the injected noise (fluctuation–dissipation: 2 α u² = 2 g η^{3/2}/β at u² = η/β)
-    alpha = jnp.where(jnp.isnan(state.thermostat), jnp.sqrt(eta) * g, state.thermostat)
+    # balances the injected noise (fluctuation–dissipation: 2 α u² = 2 g η^{3/2}/β at u² = η/β),
+    # capped at 1: coordinates with a vanishing first gradient (g₁ → 1/√λ, e.g. always-zero
+    # inputs) would otherwise start with α > 2, where the Euler factor 1 − α makes u explode
+    alpha = jnp.where(jnp.isnan(state.thermostat), jnp.minimum(jnp.sqrt(eta) * g, 1.0), state.thermostat)
     # u₀ = √(η/β₁) ζ: the stationary momentum scale (Alg. 3's √η ζ is the β = 1 case)
     u = jnp.where(first, jnp.sqrt(eta / beta) * state.momentum, state.momentum)
     noise = jnp.sqrt(2.0 * g_prev * eta**1.5 / beta) * random.normal(rng_key, u.shape, u.dtype)
@@ -226,7 +228,9 @@ class Santa(SGKernel):
     the β = 1, sum-scaled case: in these units it starts N× too hot and the slow thermostat did
     not remove the heat, measured KL 12 → 0.03). C = g₁ makes α₀ = √η g₁ the friction that
     balances the injected noise (fluctuation–dissipation), so the thermostat starts at its
-    equilibrium; v₁ = (f̃₁/N)² and g₀ = g₁ (see :func:`santa_step`).
+    equilibrium (capped at α₀ ≤ 1: a coordinate whose first gradient vanishes has g₁ ≈ 1/√λ and
+    α₀ > 2 made the Euler update diverge on MNIST's always-blank pixels); v₁ = (f̃₁/N)² and
+    g₀ = g₁ (see :func:`santa_step`).
 
     **Step size for sampling.** Like SGHMC, the exploration dynamics is accurate when
     ω h ≲ 0.2 with h = √η and ω² the largest eigenvalue of G A_L N (G = diag(g), A_L = A_U/N):

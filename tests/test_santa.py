@@ -163,3 +163,19 @@ def test_bad_arguments_optax_and_step_size():
         santa(1e-3, schedule=lambda t: 10.0 / (1.0 + jnp.log(t)))
     with pytest.raises(ValueError, match="power must be > 0"):
         polynomial_annealing(0.0)
+
+
+def test_vanishing_first_gradient_does_not_blow_up():
+    """A coordinate whose first gradient is ~0 (an always-blank pixel) has g₁ ≈ 1/√(λ + √v₁)
+    huge; the automatic α₀ = √η g₁ is capped at 1 so the Euler factor 1 − α stays in [0, 1)."""
+    c = 1e-6
+    opt = santa(1e-4, burnin=0)
+
+    def step(carry, _):
+        theta, state = carry
+        updates, state = opt.update(c * theta, state, theta)
+        return (optax.apply_updates(theta, updates), state), None
+
+    theta = jnp.array([1.0])
+    (theta, state), _ = jax.lax.scan(step, (theta, opt.init(theta)), None, length=200)
+    assert np.all(np.isfinite(np.asarray(theta))) and float(state.thermostat[0]) <= 1.0
