@@ -140,6 +140,11 @@ class IASG(NoiseAdaptingKernel):
         and λ_max); with ``"diag"`` only the diagonal is, so the validity check sees scales
         but not correlations.
     :param float window_error: target variance shortfall along λ_min for the default ε (0.05).
+    :param bool check_validity: warn at the end of warmup when ε, T fall outside Eq. 46–47
+        (default True). The check is a host callback inside the compiled loop, which keeps JAX
+        from caching the compiled program on disk (≈ 20 s of compilation per run); pass False
+        and call :meth:`validity` after the run to avoid it. With ``num_warmup=0`` (a given ε)
+        nothing is estimated, so nothing is checked and :meth:`validity` returns NaN.
     :param kwargs: warmup options of :class:`~numpyro_sgd.warmup.NoiseAdaptingKernel` and
         :class:`~numpyro_sgd.base.SGKernel` (``subsample``, ``warmup_subsample``,
         ``init_strategy``); ``steps_per_sample`` is the window and cannot be given.
@@ -163,7 +168,8 @@ class IASG(NoiseAdaptingKernel):
 
     _iterates_are_samples = False
 
-    def __init__(self, model, step_size=None, window=None, preconditioner=None, *, window_error=0.05, **kwargs):
+    def __init__(self, model, step_size=None, window=None, preconditioner=None, *, window_error=0.05,
+                 check_validity=True, **kwargs):
         if "steps_per_sample" in kwargs:
             raise TypeError("IASG: steps_per_sample is the averaging window; pass window=T instead.")
         if preconditioner not in IASG_PRECONDITIONERS:
@@ -180,6 +186,7 @@ class IASG(NoiseAdaptingKernel):
         self._preconditioner = preconditioner
         default_step_product(window_error, 1)  # validates window_error before any compute
         self._window_error = window_error
+        self._check_validity = bool(check_validity)
         self._step_product = None  # u* = ε λ_min of the default ε, set once T is known
         self._warned = False
 
@@ -259,7 +266,8 @@ class IASG(NoiseAdaptingKernel):
         lo, hi = jnp.min(eig), jnp.max(eig)
         default = jnp.minimum(self._step_product / lo, 1.0 / hi)
         eps = default if self._step_size is None else ks.user_step_size
-        jax.debug.callback(self._warn_validity, eps, lo, hi)
+        if self._check_validity:  # a host callback: JAX then skips its persistent compilation cache
+            jax.debug.callback(self._warn_validity, eps, lo, hi)
         return ks._replace(
             preconditioner=(eps / n * h).astype(a.dtype),
             step_size=jnp.asarray(eps, a.dtype),
