@@ -26,6 +26,7 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 import optax
+from jax import lax
 from jax.scipy.linalg import cho_solve
 from numpyro.util import find_stack_level
 
@@ -149,9 +150,13 @@ class NoiseAdaptingKernel(SGKernel):
         # the mode: M⁻¹ḡ = Q⁻¹ḡ / (1 + ḡᵀQ⁻¹ḡ) (Sherman–Morrison), fast along correlated valleys.
         if self._full_noise:
             # a generous jitter (relative to the mean diagonal) damps the warmup step in poorly
-            # resolved directions; the frozen preconditioner uses the scale-invariant one
-            jitter = 1e-6 * jnp.trace(second) / second.shape[0] * jnp.eye(second.shape[0], dtype=second.dtype)
-            direction = cho_solve((jnp.linalg.cholesky(second + jitter), True), grad)
+            # resolved directions; the frozen preconditioner uses the scale-invariant one. The
+            # O(D³) solve is skipped during the Adam phase (a select under vmap computes both).
+            def natural_direction(_):
+                jitter = 1e-6 * jnp.trace(second) / second.shape[0] * jnp.eye(second.shape[0], dtype=second.dtype)
+                return cho_solve((jnp.linalg.cholesky(second + jitter), True), grad)
+
+            direction = lax.cond(step >= ws.adam_steps, natural_direction, jnp.zeros_like, grad)
         else:
             direction = grad / second
         sgd_delta = -jnp.clip(2.0 * direction, -ws.max_step, ws.max_step)
