@@ -136,8 +136,10 @@ class NoiseAdaptingKernel(SGKernel):
         ws = ks.warmup
         pe, grad, per_example = oracle.per_example_grads(theta, oracle.draw(rng_key))
         # uncentred diagonal second moment of ∇Û_S: Σ_p mean_n(g_{p,n}²) / S_p
-        if self._full_noise:  # full uncentred moment Σ_p mean_n(g gᵀ) / S_p
-            uncentred = sum(g.T @ g / g.shape[0] ** 2 for g in per_example)
+        if self._full_noise:  # full uncentred moment Σ_p mean_n(g gᵀ) / S_p, O(S D²): only once it is used
+            uncentred = lax.cond(step >= ws.adam_steps // 2,
+                                 lambda gs: sum(g.T @ g / g.shape[0] ** 2 for g in gs),
+                                 lambda gs: jnp.zeros_like(ws.second_moment), per_example)
         else:
             uncentred = sum(jnp.mean(g**2, axis=0) / g.shape[0] for g in per_example)
         second = jnp.where(step == ws.adam_steps // 2, uncentred, 0.99 * ws.second_moment + 0.01 * uncentred)
@@ -162,8 +164,9 @@ class NoiseAdaptingKernel(SGKernel):
         sgd_delta = -jnp.clip(2.0 * direction, -ws.max_step, ws.max_step)
         delta = jnp.where(step < ws.adam_steps, -lr * updates, sgd_delta)
         # phase 3 (overlapping phase 2): average the noise covariance
-        noise_state = self._estimator(oracle.potential).update(ws.noise_state, per_example,
-                                                               active=step >= ws.window_start)
+        estimator = self._estimator(oracle.potential)
+        noise_state = lax.cond(step >= ws.window_start, lambda gs: estimator.update(ws.noise_state, gs),
+                               lambda gs: ws.noise_state, per_example)
         ws = ws._replace(adam_state=adam_state, second_moment=second, noise_state=noise_state)
         return theta + delta, ks._replace(warmup=ws), pe, oracle.batch_size
 
