@@ -100,10 +100,12 @@ steps) towards the mean-field value (16.5 after 80,000 steps). A full preconditi
 the full-covariance q but costs a D² matrix (6,790² at full resolution); at 14×14
 (``--pool 2 --vem-preconditioner full --vem-batch-size 100 --vem-warmup 1000
 --steps-per-sample 200``, float64) the chain collapsed (λ → 0, |θ|² → 10²⁶ and beyond) with
-momentum μ = 1, 0.5 and 0.1. The cause is not found: the suspicion that the discrete-time-optimal
-P puts directions without gradient noise (the softmax's shift θ_d· + c) at ρ(PA) = 2, so that a
-rise of λ between two re-tunings makes them diverge, predicts that μ = 0.1 (stable up to a
-19-fold rise) survives; it did not.
+momentum μ = 1, 0.5 and 0.1, and with ``--prior-noise`` (ConstantSGD's ``prior_noise=True``).
+What was found: at a *fixed* λ = 1 the full-preconditioned chain already ran off (|θ|² from
+1.5·10⁶ after warmup to 4·10¹⁰ after 2,000 steps; Laplace value 1,942): the softmax's shift
+directions θ_d· + c carry no gradient noise (P A = 2 there: no forgetting). With
+``prior_noise=True`` it is stable but about 30 % too wide (|θ|² 2,100–4,400 over 2,000 steps),
+and inside VEM that excess lowers λ, which widens the chain further, until it collapses.
 
 Run (measured on 2 CPU cores shared with other jobs; the numbers of the last runs are in
 ``docs/empirical_bayes_results.md``)::
@@ -276,7 +278,8 @@ def flat_bottom(grid_lams, grid_loss, threshold):
 def run_vem(args, x, y, seed):
     model = make_model(args.lam_init, args.vem_batch_size)
     k = args.steps_per_sample
-    kernel = ConstantSGD(model, args.vem_preconditioner, momentum=args.vem_momentum, steps_per_sample=k)
+    kernel = ConstantSGD(model, args.vem_preconditioner, momentum=args.vem_momentum, steps_per_sample=k,
+                         prior_noise=args.prior_noise)
     vem = VariationalEM(kernel, hyper_step_size=args.hyper_step_size)
     mcmc = MCMC(vem, num_warmup=max(args.vem_warmup // k, 1), num_samples=max(args.vem_steps // k, 2),
                 num_chains=1, progress_bar=False)
@@ -451,6 +454,8 @@ def main(argv=None):
     p.add_argument("--vem-batch-size", type=int, default=50)
     p.add_argument("--vem-preconditioner", choices=("diag", "full"), default="diag",
                    help="ConstantSGD preconditioner of the VEM runs")
+    p.add_argument("--prior-noise", action="store_true",
+                   help="ConstantSGD(prior_noise=True): inject noise with the prior's curvature (Mandt Thm. 3)")
     p.add_argument("--vem-momentum", type=float, default=None,
                    help="momentum damping μ (default 0.1 with diag, 1.0 = none with full)")
     p.add_argument("--pool", type=int, default=1,
@@ -560,7 +565,8 @@ def main(argv=None):
 
     def vem_name(key):
         seed = f", seed {key[1]}" if len(args.vem_seeds) > 1 else ""
-        return f"VEM (ConstantSGD {args.vem_preconditioner}, S={key[0]}{seed})"
+        noise = " + prior noise" if args.prior_noise else ""
+        return f"VEM (ConstantSGD {args.vem_preconditioner}{noise}, S={key[0]}{seed})"
 
     header = ["λ from", "λ", "val. loss", "excess over min", "Δ vs best grid ± SE", "flat bottom",
               "L-BFGS it.", "max|∇L|/N", "notes"]
@@ -652,7 +658,8 @@ def main(argv=None):
         f"Data: N = {n:,} training images (seed {args.seed}), {x_val.shape[0]:,} validation (MNIST test) images, "
         f"D = {d} features ({'pixels' if args.pool == 1 else f'means of {args.pool}×{args.pool} pixel blocks'}), "
         f"{dk:,} weights  ",
-        f"VEM: ConstantSGD {args.vem_preconditioner}, momentum {args.vem_momentum}, S = {args.vem_batch_size}, "
+        f"VEM: ConstantSGD {args.vem_preconditioner}{' + prior noise' if args.prior_noise else ''}, "
+        f"momentum {args.vem_momentum}, S = {args.vem_batch_size}, "
         f"{args.vem_warmup} warmup + {args.vem_steps} sampling SG steps, ρ₀ = {args.hyper_step_size}, "
         f"λ₀ = {args.lam_init}  ",
         f"BBVI: AutoNormal, S = {args.bbvi_batch_size}, {args.bbvi_steps} steps, Adam {args.bbvi_lr} "

@@ -15,9 +15,16 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax import random
 
 from .base import is_positive_scalar
-from .noise import PRECONDITIONERS, apply_preconditioner, discrete_time_correction, kl_optimal_preconditioner
+from .noise import (
+    PRECONDITIONERS,
+    apply_preconditioner,
+    discrete_time_correction,
+    kl_optimal_preconditioner,
+    psd_factor,
+)
 from .warmup import NoiseAdaptingKernel, WarmupState
 
 __all__ = ["ConstantSGD", "ConstantSGDState", "constant_sgd_step"]
@@ -41,6 +48,9 @@ class ConstantSGDState(NamedTuple):
     correction: jnp.ndarray
     #: estimated gradient-noise covariance Q of ∇Û_S (diag (D,) or full (D, D)), frozen after warmup
     noise_cov: jnp.ndarray
+    #: factor F of the injected gradient noise Ξ = F Fᵀ (``prior_noise=True``; zeros otherwise):
+    #: (D, D) for ``"full"``, else (D,) with Ξ = diag(F²)
+    injection: jnp.ndarray
     #: warmup state (Adam, uncentred moment, noise estimator; see :mod:`numpyro_sgd.warmup`)
     warmup: WarmupState
 
@@ -96,6 +106,17 @@ class ConstantSGD(NoiseAdaptingKernel):
     .. note:: **Momentum.** Only ε/μ shapes the stationary law (Eq. 31), so the preconditioner is
        multiplied by μ; the discrete-time correction is the one derived without momentum.
 
+    .. note:: **Prior noise** (``prior_noise=True``). The prior's gradient is exact, so where the
+       likelihood is flat (a softmax's shift θ_d· + c, a non-identified combination) the
+       gradient noise vanishes, P = 2 Λ⁻¹ (Λ the prior's Hessian) and PA = 2: the chain
+       oscillates there without forgetting where it started, and its spread in those directions
+       is not the posterior's. With ``prior_noise=True`` Gaussian noise of covariance Ξ = Λ⁺
+       (the positive part of the prior's Hessian, re-taken whenever the kernel is frozen) is
+       added to every minibatch gradient and P becomes 2 ((f + S/N) Q + Λ + Ξ)⁻¹: Mandt et al.
+       Thm. 3 (H* = (2/N)(ε BBᵀ + EEᵀ)⁻¹ with injected noise EEᵀ), for which the stationary
+       covariance is again A⁻¹ under A5, and PA = 1 (exact one-step sampling) in the flat
+       directions. Costs one Gaussian draw (and a D × D product for ``"full"``) per step.
+
     .. warning:: The diagonal variant at its optimal rate mixes very slowly when the posterior
        is strongly correlated (ALGORITHMS.md); prefer ``"full"`` there.
 
@@ -104,6 +125,8 @@ class ConstantSGD(NoiseAdaptingKernel):
     :param float step_size: ε in Mandt's units overriding ε* (optional).
     :param float momentum: damping μ ∈ (0, 1]; 1 (default) is plain SGD.
     :param bool discrete_time_correction: use c = 2/(f + S/N) instead of 2 (default True).
+    :param bool prior_noise: inject gradient noise with the prior's curvature (see the note;
+        default False; needs the KL-optimal rate, i.e. no ``step_size``).
     :param kwargs: warmup options of :class:`~numpyro_sgd.warmup.NoiseAdaptingKernel`
         (``noise_estimator``, ``adam_fraction``, ``noise_window``, ``adam_lr``, ``warmup_max_step``)
         and of :class:`~numpyro_sgd.base.SGKernel` (``steps_per_sample``, ``subsample``,
@@ -127,7 +150,7 @@ class ConstantSGD(NoiseAdaptingKernel):
     """
 
     def __init__(self, model, preconditioner="diag", *, step_size=None, momentum=1.0,
-                 discrete_time_correction=True, **kwargs):
+                 discrete_time_correction=True, prior_noise=False, **kwargs):
         if preconditioner not in PRECONDITIONERS:
             raise ValueError(
                 f"ConstantSGD: unknown preconditioner {preconditioner!r}; choose one of {PRECONDITIONERS}."
@@ -139,6 +162,12 @@ class ConstantSGD(NoiseAdaptingKernel):
             raise ValueError(
                 f"ConstantSGD: momentum (damping μ) must lie in (0, 1], got {momentum}; 1 means no momentum."
             )
+        if prior_noise and step_size is not None:
+            raise ValueError(
+                "ConstantSGD: prior_noise=True sets the rate from the injected noise (Mandt Thm. 3); "
+                "drop step_size, or set prior_noise=False to use your step size."
+            )
+        self._prior_noise = bool(prior_noise)
         self._preconditioner = preconditioner
         self._step_size = step_size
         self._momentum = momentum
@@ -157,6 +186,7 @@ class ConstantSGD(NoiseAdaptingKernel):
             velocity=jnp.zeros(d, dtype),
             correction=nan,
             noise_cov=jnp.zeros((d, d) if self._preconditioner == "full" else (d,), dtype),
+            injection=jnp.zeros((d, d) if self._preconditioner == "full" else (d,), dtype),
             warmup=self._init_warmup(theta, potential, num_warmup_steps),
         )
 
@@ -167,15 +197,21 @@ class ConstantSGD(NoiseAdaptingKernel):
         plate_noise = self._plate_noise(ks)
         noise = sum(plate_noise)
         user = None if self._step_size is None else ks.user_step_size
+        if self._correct or self._prior_noise:
+            prior_curvature = oracle.prior_hessian(theta, diagonal=noise.ndim == 1)
         if self._correct:
             # exact discrete-time optimum P = 2 (f Q + A)⁻¹ with A ≈ (S/N) Q + ∇²(prior): the
             # factor c = 2/(f + S/N) and the curvature that the gradient noise does not see
             c = discrete_time_correction(plate_noise, potential.plates, self._subsample == "without_replacement")
-            prior_curvature = oracle.prior_hessian(theta, diagonal=noise.ndim == 1)
             effective = (2.0 / c) * noise + prior_curvature
         else:
             c = jnp.asarray(2.0, noise.dtype)
             effective = noise
+        injection = ks.injection
+        if self._prior_noise:
+            # Thm. 3: injected noise Ξ = Λ⁺ enters P like gradient noise
+            injection = psd_factor(prior_curvature).astype(noise.dtype)
+            effective = effective + (injection @ injection.T if injection.ndim == 2 else injection**2)
         precond, eps = kl_optimal_preconditioner(
             self._preconditioner, noise if user is not None else effective, 2.0, user,
             potential.num_data, potential.batch_size,
@@ -187,10 +223,14 @@ class ConstantSGD(NoiseAdaptingKernel):
             step_size=jnp.asarray(eps * factor, noise.dtype),
             correction=jnp.asarray(c, noise.dtype),
             noise_cov=noise,
+            injection=injection,
         )
 
     def _sample_update(self, rng_key, step, theta, ks, oracle):
         pe, grad = oracle.grad(rng_key, theta)
+        if self._prior_noise:
+            z = random.normal(random.fold_in(rng_key, 1), theta.shape, theta.dtype)
+            grad = grad + (ks.injection @ z if ks.injection.ndim == 2 else ks.injection * z)
         theta, velocity = constant_sgd_step(theta, ks.velocity, grad, ks.preconditioner, ks.momentum)
         return theta, ks._replace(velocity=velocity), pe, oracle.batch_size
 
@@ -218,8 +258,11 @@ class ConstantSGD(NoiseAdaptingKernel):
         potential = self.potential
         theta = potential.view.ravel(jax.tree.map(pick, state.z)) if at is None else jnp.asarray(at)
         hessian = jax.hessian(potential.full_potential)(theta, model_args, model_kwargs)
-        return lyapunov_covariance(np.asarray(ks.preconditioner), np.asarray(hessian), np.asarray(ks.noise_cov),
-                                   discrete=discrete)
+        noise = np.asarray(ks.noise_cov)
+        if self._prior_noise:  # the injected noise adds to the gradient noise
+            f = np.asarray(ks.injection)
+            noise = (np.diag(noise) if noise.ndim == 1 else noise) + (f @ f.T if f.ndim == 2 else np.diag(f**2))
+        return lyapunov_covariance(np.asarray(ks.preconditioner), np.asarray(hessian), noise, discrete=discrete)
 
     def _diagnostics(self, ks):
         return f"ε {float(ks.step_size):.3g}"

@@ -42,6 +42,7 @@ __all__ = [
     "sgfs_preconditioner",
     "sgfs_direction",
     "regularized_cholesky",
+    "psd_factor",
 ]
 
 NOISE_ESTIMATORS = ("minibatch", "eq25", "pooled")
@@ -210,6 +211,15 @@ def kl_optimal_preconditioner(kind, noise, correction=2.0, step_size=None, num_d
         chol = regularized_cholesky(noise)
         return scale * cho_solve((chol, True), jnp.eye(dim, dtype=noise.dtype)), eps
     raise ValueError(f"unknown preconditioner {kind!r}; choose one of {PRECONDITIONERS}.")
+
+
+def psd_factor(matrix):
+    """F with F Fᵀ = the positive semi-definite part of a symmetric matrix (eigenvalues clipped at
+    0; works for singular matrices, unlike a Cholesky factor), or √max(v, 0) for a diagonal v."""
+    if matrix.ndim == 1:
+        return jnp.sqrt(jnp.maximum(matrix, 0.0))
+    w, v = jnp.linalg.eigh(0.5 * (matrix + matrix.T))
+    return v * jnp.sqrt(jnp.maximum(w, 0.0))
 
 
 def apply_preconditioner(precond, grad):

@@ -9,8 +9,10 @@ Warmup must (a) reach the mode region and (b) estimate the gradient-noise covari
    scale parameter initialised far in the tail stayed frozen for hundreds of steps);
 2. then constant-SGD steps preconditioned by an EMA (0.99) of the *uncentred* second moment of
    the per-example gradients (full for kernels with a full preconditioner, else diagonal),
-   restarted halfway through phase 1, each coordinate's step clipped to ``max_step`` (the
-   centred covariance as warmup preconditioner can send a log-scale site far out in one step);
+   restarted halfway through phase 1, plus the positive part of the prior's Hessian taken at
+   that point (the curvature the gradient noise does not see), each coordinate's step clipped
+   to ``max_step`` (the centred covariance as warmup preconditioner can send a log-scale site
+   far out in one step);
 3. during the last ``noise_window`` fraction, Q is averaged with a
    :func:`~numpyro_sgd.noise.noise_estimator`.
 
@@ -31,7 +33,7 @@ from jax.scipy.linalg import cho_solve
 from numpyro.util import find_stack_level
 
 from .base import SGKernel
-from .noise import NOISE_ESTIMATORS, NoiseState, noise_estimator
+from .noise import NOISE_ESTIMATORS, NoiseState, noise_estimator, psd_factor
 
 __all__ = ["WarmupState", "NoiseAdaptingKernel"]
 
@@ -44,6 +46,9 @@ class WarmupState(NamedTuple):
     #: EMA of the uncentred second moment of ∇Û_S (phase 2 preconditioner; (D, D) for kernels
     #: that estimate the full Q, else its diagonal)
     second_moment: jnp.ndarray
+    #: Hessian of the prior (and Jacobian) terms, taken once halfway through Adam and added to the
+    #: phase-2 preconditioner (same shape as ``second_moment``)
+    prior_curvature: jnp.ndarray
     #: running state of the noise estimator (phase 3)
     noise_state: NoiseState
     #: SG step at which Adam hands over to preconditioned SGD
@@ -54,6 +59,12 @@ class WarmupState(NamedTuple):
     adam_lr: jnp.ndarray
     #: largest |Δθ_k| of a phase-2 step
     max_step: jnp.ndarray
+
+
+def _psd_part(h):
+    """The positive semi-definite part of a symmetric matrix (or of a diagonal given as a vector)."""
+    f = psd_factor(h)
+    return f**2 if h.ndim == 1 else f @ f.T
 
 
 def _adam():  # built on demand: optax transformations hold closures and do not pickle
@@ -125,6 +136,7 @@ class NoiseAdaptingKernel(SGKernel):
         return WarmupState(
             adam_state=_adam().init(theta),
             second_moment=jnp.zeros((theta.shape[0],) * (2 if self._full_noise else 1), theta.dtype),
+            prior_curvature=jnp.zeros((theta.shape[0],) * (2 if self._full_noise else 1), theta.dtype),
             noise_state=self._estimator(potential).init(dtype),
             adam_steps=jnp.asarray(adam_steps, jnp.int32),
             window_start=jnp.asarray(window_start, jnp.int32),
@@ -142,7 +154,13 @@ class NoiseAdaptingKernel(SGKernel):
                                  lambda gs: jnp.zeros_like(ws.second_moment), per_example)
         else:
             uncentred = sum(jnp.mean(g**2, axis=0) / g.shape[0] for g in per_example)
-        second = jnp.where(step == ws.adam_steps // 2, uncentred, 0.99 * ws.second_moment + 0.01 * uncentred)
+        restart = step == ws.adam_steps // 2
+        second = jnp.where(restart, uncentred, 0.99 * ws.second_moment + 0.01 * uncentred)
+        # the curvature that the gradient noise does not see (prior, Jacobians): without it a
+        # direction the likelihood leaves flat gets the step ḡ/0, clipped to max_step, every
+        # step (measured: |θ|² from 2·10³ to 6·10⁷ in a softmax regression's shift directions)
+        prior = lax.cond(restart, lambda t: _psd_part(oracle.prior_hessian(t, diagonal=not self._full_noise)),
+                         lambda t: ws.prior_curvature, theta).astype(theta.dtype)
         # phase 1: Adam, rate held then decaying exponentially
         updates, adam_state = _adam().update(grad, ws.adam_state)
         frac = jnp.clip(2.0 * step / jnp.maximum(ws.adam_steps, 1) - 1.0, 0.0, 1.0)
@@ -156,18 +174,18 @@ class NoiseAdaptingKernel(SGKernel):
             # O(D³) solve is skipped during the Adam phase (a select under vmap computes both).
             def natural_direction(_):
                 jitter = 1e-6 * jnp.trace(second) / second.shape[0] * jnp.eye(second.shape[0], dtype=second.dtype)
-                return cho_solve((jnp.linalg.cholesky(second + jitter), True), grad)
+                return cho_solve((jnp.linalg.cholesky(second + prior + jitter), True), grad)
 
             direction = lax.cond(step >= ws.adam_steps, natural_direction, jnp.zeros_like, grad)
         else:
-            direction = grad / second
+            direction = grad / (second + prior)
         sgd_delta = -jnp.clip(2.0 * direction, -ws.max_step, ws.max_step)
         delta = jnp.where(step < ws.adam_steps, -lr * updates, sgd_delta)
         # phase 3 (overlapping phase 2): average the noise covariance
         estimator = self._estimator(oracle.potential)
         noise_state = lax.cond(step >= ws.window_start, lambda gs: estimator.update(ws.noise_state, gs),
                                lambda gs: ws.noise_state, per_example)
-        ws = ws._replace(adam_state=adam_state, second_moment=second, noise_state=noise_state)
+        ws = ws._replace(adam_state=adam_state, second_moment=second, prior_curvature=prior, noise_state=noise_state)
         return theta + delta, ks._replace(warmup=ws), pe, oracle.batch_size
 
     def _plate_noise(self, ks):

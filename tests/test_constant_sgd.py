@@ -138,6 +138,38 @@ def test_momentum_samples_posterior(small_linreg):
     assert np.allclose(np.asarray(ks.momentum), 0.5)
 
 
+def test_prior_noise_samples_directions_the_likelihood_leaves_flat():
+    """Mandt Thm. 3 with injected noise Ξ = prior Hessian (``prior_noise=True``).
+
+    y depends on w₁ − w₃ and w₂ only (X's third column is minus its first), so along
+    v = (1, 0, 1)/√2 the gradient noise is zero and the posterior is the prior, N(0, 1). Without
+    injected noise P A = 2 there (no forgetting, no noise); with it P A = 1 and every step is an
+    exact draw. The exact posterior covariance is (I + XᵀX)⁻¹.
+    """
+    rng = np.random.default_rng(3)
+    n, s = 2000, 50
+    a, b = rng.standard_normal(n), rng.standard_normal(n)
+    x = np.stack([a, b, -a], axis=1)
+    y = x @ np.array([0.5, -1.0, 0.2]) + rng.standard_normal(n)
+    post_cov = np.linalg.inv(np.eye(3) + x.T @ x)
+
+    def model(x, y):
+        w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([3]).to_event(1))
+        with numpyro.plate("data", n, subsample_size=s) as idx:
+            numpyro.sample("y", dist.Normal(x[idx] @ w, 1.0), obs=y[idx])
+
+    mcmc = MCMC(ConstantSGD(model, "full", prior_noise=True, steps_per_sample=5), num_warmup=400,
+                num_samples=2000, num_chains=2, chain_method="vectorized", progress_bar=False)
+    mcmc.run(jax.random.key(0), jnp.asarray(x), jnp.asarray(y))
+    w = np.asarray(mcmc.get_samples()["w"])  # 4,000 draws
+    v = np.array([1.0, 0.0, 1.0]) / np.sqrt(2.0)
+    # the flat direction: nearly independent draws, sd of a variance estimate √(2/4000) = 0.022
+    assert np.var(w @ v) == pytest.approx(1.0, rel=0.1)
+    # the data directions: autocorrelated (P A ≈ 2S/N per step); ≥ 500 effective draws → 4 sd ≈ 0.25
+    for u in (np.array([1.0, 0.0, -1.0]) / np.sqrt(2.0), np.array([0.0, 1.0, 0.0])):
+        assert np.var(w @ u) == pytest.approx(u @ post_cov @ u, rel=0.25)
+
+
 def test_constrained_site_on_its_support():
     """A HalfNormal scale is sampled on the log scale and returned positive, near the truth."""
     rng = np.random.default_rng(3)
@@ -192,6 +224,7 @@ def test_without_warmup_no_step_is_taken_silently(small_linreg):
         ({"steps_per_sample": 0}, "steps_per_sample"),
         ({"subsample": "shuffle"}, "'shuffle' is allowed only as warmup_subsample"),
         ({"warmup_subsample": "random"}, "warmup_subsample must be one of"),
+        ({"prior_noise": True, "step_size": 1e-3}, "prior_noise=True sets the rate"),
     ],
 )
 def test_bad_arguments(small_linreg, kwargs, match):
