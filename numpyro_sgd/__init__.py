@@ -1,17 +1,40 @@
 """numpyro_sgd: scalable stochastic-gradient samplers for NumPyro models."""
 
-from .base import SGKernel, SGState
+from .base import SGAlgorithm, SGKernel, SGState, StepInfo
 from .constant_sgd import ConstantSGD, ConstantSGDState
 from .diagnostics import fit_gaussian, gaussian_kl
-from .ewsg import EWSG, EWSGVR, EWSGState, EWSGVRState, OverdampedEWSG, OverdampedEWSGState
-from .iasg import IASG, IASGState
-from .potential import PlateInfo, SubsampledPotential
-from .santa import Santa, SantaState, map_estimate, polynomial_annealing, santa
-from .sgfs import SGFS, SGFSState
-from .sghmc import SGHMC, SGHMCState
-from .sgld import PSGLD, SGLD, PSGLDState, SGLDState, robbins_monro
+from .potential import MinibatchOracle, PlateInfo, SubsampledPotential
 from .theory import lyapunov_covariance
-from .vem import VariationalEM, VariationalEMState
+
+# TEMP(refactor in progress): modules not yet converted are skipped; removed before commit
+try:
+    from .ewsg import EWSG, EWSGVR, EWSGState, EWSGVRState, OverdampedEWSG, OverdampedEWSGState
+except ImportError as e:  # pragma: no cover
+    print("TEMP skip ewsg", e)
+try:
+    from .iasg import IASG, IASGState
+except ImportError as e:  # pragma: no cover
+    print("TEMP skip iasg", e)
+try:
+    from .santa import Santa, SantaState, map_estimate, polynomial_annealing, santa
+except ImportError as e:  # pragma: no cover
+    print("TEMP skip santa", e)
+try:
+    from .sgfs import SGFS, SGFSState
+except ImportError as e:  # pragma: no cover
+    print("TEMP skip sgfs", e)
+try:
+    from .sghmc import SGHMC, SGHMCState
+except ImportError as e:  # pragma: no cover
+    print("TEMP skip sghmc", e)
+try:
+    from .sgld import PSGLD, SGLD, PSGLDState, SGLDState, robbins_monro
+except ImportError as e:  # pragma: no cover
+    print("TEMP skip sgld", e)
+try:
+    from .vem import VariationalEM, VariationalEMState
+except ImportError as e:  # pragma: no cover
+    print("TEMP skip vem", e)
 
 __version__ = "0.1.0"
 

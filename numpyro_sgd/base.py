@@ -1,27 +1,43 @@
-"""The base :class:`~numpyro.infer.mcmc.MCMCKernel` shared by every stochastic-gradient kernel.
+"""One :class:`~numpyro.infer.mcmc.MCMCKernel` driver for every stochastic-gradient algorithm.
 
-A kernel subclasses :class:`SGKernel` and supplies four pure, per-chain functions
+An algorithm is a :class:`SGAlgorithm`: pure functions built once from the facts of the traced
+model (a :class:`~numpyro_sgd.potential.SubsampledPotential`: plates, N, S, D) that act on one
+chain,
 
-* ``_init_kernel_state(rng_key, theta, potential, num_warmup_steps) -> NamedTuple``
-* ``_warmup_update(rng_key, step, theta, kernel_state, oracle) -> (theta, kernel_state, potential, evals)``
-* ``_sample_update(...)`` with the same signature (the frozen sampling dynamics)
-* ``_end_warmup(kernel_state, theta, oracle) -> kernel_state`` (freeze the adapted quantities)
+* ``init(rng_key, theta, num_warmup_steps) -> state``
+* ``warmup_step(rng_key, step, theta, state, oracle) -> (theta, state, info)``
+* ``sample_step(rng_key, step, theta, state, oracle) -> (theta, state, info)``
+* optional ``end_warmup(theta, state, oracle) -> state`` (freeze what warmup adapted),
+* optional ``end_block`` (IASG: a returned sample summarises a block of steps),
 
-``oracle`` is a :class:`MinibatchOracle`: it draws indices and evaluates minibatch
-potentials/gradients of the user's model; ``evals`` is the number of per-datum gradient
-evaluations the update used (for data-pass accounting).
+where ``theta`` is the flat unconstrained position, ``oracle`` a
+:class:`~numpyro_sgd.potential.MinibatchOracle` (indices, minibatch potentials and gradients) and
+``info`` a :class:`StepInfo` (the step's potential, per-datum gradient evaluations and the indices
+of the minibatch that moved θ). A user can run them in their own ``lax.scan``
+(:meth:`SGKernel.algorithm` returns the algorithm and an oracle; see its example).
 
-The base does everything else: model tracing and validation (:mod:`~numpyro_sgd.potential`),
-initial values, vectorized chains, ``steps_per_sample`` SG steps per returned sample inside one
-compiled loop, data-pass counting, rejection of non-finite steps, postprocessing to the
-constrained space, diagnostics and pickling.
+The driver :class:`SGKernel` does the rest, the same for every algorithm: model tracing and
+validation, initial values, vectorized chains, ``steps_per_sample`` SG steps per returned
+sample in one compiled loop, data-pass counting, rejection of non-finite steps, constraining,
+progress-bar text and pickling. A kernel class only validates its arguments and builds its
+algorithm (``_build``).
+
+**Key streams** (one chain): :meth:`SGKernel.init` splits the chain key into
+``key, k_init, k_state, k_shuffle, k_pe`` (initial point, ``algorithm.init``, warmup shuffling,
+the initial potential); every SG step then does ``key, k_step = split(key)`` and passes
+``k_step`` to the algorithm's step.
+
+**The lean step.** A rejected step (non-finite potential, position, constrained position or
+changed state) keeps the old position and state and is counted. Only what the step changed is
+checked and selected: a state leaf the step returns unchanged (the same traced value, e.g. a
+frozen preconditioner or the warmup state during sampling) is read, never re-checked or copied.
 """
 
 from __future__ import annotations
 
 import time
 import warnings
-from typing import NamedTuple
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -31,9 +47,45 @@ from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import find_stack_level, is_prng_key
 
-from .potential import SUBSAMPLE_METHODS, SubsampledPotential, _SetPlateIndices
+from .potential import SUBSAMPLE_METHODS, MinibatchOracle, SubsampledPotential, _SetPlateIndices, as_jax_args
 
-__all__ = ["SGState", "SGKernel", "MinibatchOracle", "is_positive_scalar"]
+__all__ = ["SGState", "SGKernel", "SGAlgorithm", "StepInfo", "MinibatchOracle", "is_positive_scalar",
+           "pick_chain"]
+
+
+class StepInfo(NamedTuple):
+    """What one algorithm step reports besides its new position and state."""
+
+    #: minibatch potential Û_S at the point where the gradient was taken
+    potential_energy: jnp.ndarray
+    #: per-datum gradient evaluations the step used (data-pass accounting)
+    num_grad_evals: jnp.ndarray
+    #: ``{plate: indices}`` of the minibatch whose gradient moved θ
+    indices: dict
+
+
+class SGAlgorithm(NamedTuple):
+    """A stochastic-gradient algorithm as pure per-chain functions (see the module docstring)."""
+
+    init: Callable
+    warmup_step: Callable
+    sample_step: Callable
+    #: ``(theta, state, oracle) -> state``: freeze what warmup adapted (None: nothing is adapted)
+    end_warmup: Optional[Callable] = None
+    #: SG steps per returned sample if the algorithm fixes it (IASG's window); None: the driver's
+    window: Optional[int] = None
+    #: ``(theta, state) -> (theta, state)`` before the steps of one returned sample
+    start_block: Optional[Callable] = None
+    #: ``(rng_key, theta, state, oracle, sampling) -> (rng_key, theta, state, num_grad_evals)``
+    #: after them: the returned θ (IASG: the window's average) and state; ``sampling`` tells if
+    #: the block was a sampling block; an ``end_block`` that draws random numbers splits
+    #: ``rng_key`` and returns the key to continue with
+    end_block: Optional[Callable] = None
+    #: ``state -> str``: kernel-specific progress-bar text
+    describe: Optional[Callable] = None
+    #: whether every SG iterate is a draw of the sampled law (False for IASG, whose draws are
+    #: window averages); wrappers that need posterior draws (VariationalEM) read it
+    iterates_are_samples: bool = True
 
 
 class SGState(NamedTuple):
@@ -61,11 +113,11 @@ class SGState(NamedTuple):
     first_divergence: jnp.ndarray
     #: whether a step since the previous returned sample was rejected
     diverging: jnp.ndarray
-    #: number of warmup SG steps (``num_warmup * steps_per_sample``); a tunable, so it lives here
+    #: number of warmup SG steps (``num_warmup * steps_per_sample``)
     num_warmup_steps: jnp.ndarray
     #: key of the warmup shuffling permutation (``warmup_subsample="shuffle"``)
     shuffle_key: jnp.ndarray
-    #: the kernel's own state (step sizes, preconditioner, momentum, estimators, ...)
+    #: the algorithm's own state (step sizes, preconditioner, momentum, warmup estimators, ...)
     kernel_state: NamedTuple
     rng_key: jnp.ndarray
 
@@ -80,62 +132,6 @@ class SGState(NamedTuple):
         return self.data_passes_done * 1.0 * self.num_data + self.grad_evals_in_pass
 
 
-class MinibatchOracle:
-    """What a kernel update may ask of the model: indices, minibatch potentials, gradients.
-
-    Bound to the model arguments of the current ``sample`` call (never cached across calls).
-    """
-
-    def __init__(self, potential, model_args, model_kwargs, method, step, shuffle_key, params=None):
-        self.potential = potential
-        self.model_args = model_args
-        self.model_kwargs = model_kwargs
-        self.method = method
-        self.step = step
-        self.shuffle_key = shuffle_key
-        self.params = params
-
-    @property
-    def batch_size(self):
-        """Per-datum gradients in one minibatch gradient (Σ_p S_p)."""
-        return self.potential.batch_size
-
-    def draw(self, rng_key):
-        return self.potential.draw_indices(rng_key, self.method, self.step, self.shuffle_key)
-
-    def potential_and_grad(self, theta, indices):
-        return self.potential.potential_and_grad(
-            theta, indices, self.model_args, self.model_kwargs, self.params
-        )
-
-    def per_example_grads(self, theta, indices):
-        return self.potential.per_example_grads(
-            theta, indices, self.model_args, self.model_kwargs, self.params
-        )
-
-    def prior_hessian(self, theta, diagonal=False):
-        """Hessian of the potential without its likelihood terms (prior and Jacobians) at θ."""
-        h = jax.hessian(self.potential.prior_potential)(theta, self.model_args, self.model_kwargs, self.params)
-        return jnp.diagonal(h) if diagonal else h
-
-    def grad(self, rng_key, theta):
-        """Draw a minibatch and return ``(Û_S, ∇Û_S)`` at ``theta``."""
-        return self.potential_and_grad(theta, self.draw(rng_key))
-
-
-def _all_finite(tree, before=None):
-    """True if every float leaf is finite (or, given ``before``, no leaf *became* non-finite:
-    NaN placeholders such as a not-yet-estimated preconditioner are allowed to stay)."""
-    new = jax.tree.leaves(tree)
-    old = [None] * len(new) if before is None else jax.tree.leaves(before)
-    checks = [
-        jnp.all(jnp.isfinite(x) | (False if y is None else ~jnp.isfinite(y)))
-        for x, y in zip(new, old)
-        if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
-    ]
-    return jnp.all(jnp.stack(checks)) if checks else jnp.array(True)
-
-
 def is_positive_scalar(value):
     """True for a finite real number > 0 given as a Python, NumPy or 0-d JAX scalar (not a bool)."""
     if isinstance(value, bool) or callable(value) or np.ndim(value) != 0:
@@ -147,12 +143,42 @@ def is_positive_scalar(value):
     return bool(np.isfinite(value) and value > 0)
 
 
+def pick_chain(state, chain=0):
+    """The fields of a (possibly vectorized) :class:`SGState` or kernel state for one chain."""
+    vectorized = jnp.ndim(state.i) > 0 if hasattr(state, "i") else False
+    return jax.tree.map(lambda x: x[chain], state) if vectorized else state
+
+
 def _is_tracer(x):
     return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(x))
 
 
+def _finite(x, before=None):
+    """Whether a float array is finite (given ``before``: whether no entry *became* non-finite)."""
+    if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
+        return jnp.array(True)
+    ok = jnp.isfinite(x) if before is None else jnp.isfinite(x) | ~jnp.isfinite(before)
+    return jnp.all(ok)
+
+
+def _guard(ok, new_state, old_state):
+    """Per leaf: the old value where the step was rejected, but only for leaves the step changed."""
+    new_leaves, treedef = jax.tree.flatten(new_state)
+    old_leaves = jax.tree.leaves(old_state)
+    out = [n if n is o else jnp.where(ok, n, o) for n, o in zip(new_leaves, old_leaves)]
+    return jax.tree.unflatten(treedef, out)
+
+
+def _changed_finite(new_state, old_state):
+    checks = [_finite(n, o) for n, o in zip(jax.tree.leaves(new_state), jax.tree.leaves(old_state)) if n is not o]
+    return jnp.all(jnp.stack(checks)) if checks else jnp.array(True)
+
+
 class SGKernel(MCMCKernel):
-    """Base class of the stochastic-gradient kernels (see the module docstring).
+    """The driver of every stochastic-gradient algorithm (see the module docstring).
+
+    A kernel subclasses it, validates its own arguments in ``__init__`` and implements
+    ``_build(potential) -> SGAlgorithm``; nothing else.
 
     :param model: a NumPyro model with at least one ``numpyro.plate(name, N, subsample_size=S)``.
     :param int steps_per_sample: SG steps per returned sample, run inside one compiled loop
@@ -167,12 +193,6 @@ class SGKernel(MCMCKernel):
     """
 
     sample_field = "z"
-    #: whether warmup differs from sampling (adaptation, then ``_end_warmup``); kernels whose
-    #: warmup is plain burn-in set it to False and skip the per-sample phase switch
-    _adapts = True
-    #: whether every SG iterate is a draw of the sampled law (False for IASG, whose draws are
-    #: window averages): wrappers that need posterior draws (VariationalEM) use the returned samples
-    _iterates_are_samples = True
 
     def __init__(self, model, *, steps_per_sample=1, subsample="with_replacement",
                  warmup_subsample=None, init_strategy=init_to_uniform):
@@ -198,10 +218,16 @@ class SGKernel(MCMCKernel):
         self._warmup_subsample = warmup_subsample
         self._init_strategy = init_strategy
         self._potential = None
+        self._algorithm = None
         self._sample_fn = None
         self._diag_time, self._diag_text = -1.0, ""
 
-    # ------------------------------------------------------------------ protocol
+    # ------------------------------------------------------------------ what a kernel provides
+    def _build(self, potential):
+        """The kernel's :class:`SGAlgorithm` for the traced model (override)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ public facts
     @property
     def model(self):
         """The model as consumers of a fitted kernel (ArviZ, ``Predictive``) should see it.
@@ -232,32 +258,81 @@ class SGKernel(MCMCKernel):
             raise RuntimeError(f"{type(self).__name__}: call MCMC.run (or kernel.init) first.")
         return self._potential
 
+    @property
+    def steps_per_sample(self):
+        """SG steps per returned sample (IASG: its window, known once the model is traced)."""
+        return self._steps_per_sample
+
+    @property
+    def subsample(self):
+        """How sampling-phase minibatches are drawn."""
+        return self._subsample
+
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_sample_fn"] = None
+        state["_algorithm"] = None  # rebuilt from the potential on demand (holds closures)
         return state
 
-    def _check_setup(self, potential, num_warmup_steps):
-        """Kernel-specific validation that needs the traced model (override)."""
+    def _get_algorithm(self):
+        if self._algorithm is None:
+            self._algorithm = self._build(self.potential)
+        return self._algorithm
 
-    def _resolve_steps_per_sample(self, potential):
-        """SG steps per returned sample once N and S are known (override; IASG: the window)."""
-        return self._steps_per_sample
+    def algorithm(self, rng_key, *model_args, **model_kwargs):
+        """Trace the model and return ``(algorithm, oracle, theta0)`` to run the steps by hand.
+
+        ``algorithm`` is the kernel's :class:`SGAlgorithm`, ``oracle`` a
+        :class:`~numpyro_sgd.potential.MinibatchOracle` bound to the model arguments
+        (sampling-phase minibatch law) and ``theta0`` a flat initial point drawn as
+        :meth:`init` draws it. With the key streams of the module docstring, a hand-written
+        loop gives the draws of ``MCMC`` for the same key (while no step is rejected):
+
+        .. doctest::
+
+            >>> import jax, numpyro, numpyro.distributions as dist
+            >>> from numpyro_sgd import SGLD
+            >>> y = jax.random.normal(jax.random.key(1), (1000,)) + 3.0
+            >>> def model(y):
+            ...     mu = numpyro.sample("mu", dist.Normal(0, 10))
+            ...     with numpyro.plate("data", y.shape[0], subsample_size=50) as idx:
+            ...         numpyro.sample("y", dist.Normal(mu, 1), obs=y[idx])
+            >>> alg, oracle, theta = SGLD(model, step_size=1e-4).algorithm(jax.random.key(0), y)
+            >>> state = alg.init(jax.random.key(1), theta, 0)
+            >>> def step(carry, key):
+            ...     theta, state = carry
+            ...     theta, state, info = alg.sample_step(key, 0, theta, state, oracle)
+            ...     return (theta, state), theta
+            >>> _, draws = jax.lax.scan(step, (theta, state), jax.random.split(jax.random.key(2), 500))
+            >>> bool(abs(draws[100:, 0].mean() - y.mean()) < 0.1)
+            True
+        """
+        model_args, model_kwargs = as_jax_args((model_args, model_kwargs))
+        self._setup(rng_key, model_args, model_kwargs)
+        oracle = MinibatchOracle(self.potential, model_args, model_kwargs, self._subsample)
+        theta = self.potential.initial_params(random.split(rng_key, 5)[1], model_args, model_kwargs,
+                                              self._init_strategy)
+        return self._get_algorithm(), oracle, theta
+
+    # ------------------------------------------------------------------ protocol
+    def _setup(self, rng_key, model_args, model_kwargs):
+        self._potential = SubsampledPotential.from_model(
+            self._model, model_args, model_kwargs, rng_key=rng_key,
+            init_strategy=self._init_strategy, kernel_name=type(self).__name__,
+        )
+        self._algorithm = self._build(self._potential)
+        if self._algorithm.window is not None:
+            self._steps_per_sample = self._algorithm.window
+        return self._algorithm
 
     def init(self, rng_key, num_warmup, init_params=None, model_args=(), model_kwargs=None):
         model_kwargs = {} if model_kwargs is None else model_kwargs
         vectorized = not is_prng_key(rng_key)
         if not isinstance(num_warmup, int) and not _is_tracer(num_warmup):
             num_warmup = int(num_warmup)
-        first_key = rng_key[0] if vectorized else rng_key
-        self._potential = SubsampledPotential.from_model(
-            self._model, model_args, model_kwargs, rng_key=first_key,
-            init_strategy=self._init_strategy, kernel_name=type(self).__name__,
-        )
+        algorithm = self._setup(rng_key[0] if vectorized else rng_key, model_args, model_kwargs)
         potential = self._potential
-        self._steps_per_sample = self._resolve_steps_per_sample(potential)
         num_warmup_steps = num_warmup * self._steps_per_sample
-        self._check_setup(potential, num_warmup_steps)
         if init_params is not None:
             if hasattr(init_params, "z"):  # numpyro ParamInfo
                 init_params = init_params.z
@@ -274,9 +349,7 @@ class SGKernel(MCMCKernel):
                 theta = potential.initial_params(k_init, model_args, model_kwargs, self._init_strategy)
             else:
                 theta = potential.view.ravel(z0)
-            idx = potential.draw_indices(k_pe)
-            pe = potential.potential(theta, idx, model_args, model_kwargs)
-            ks = self._init_kernel_state(k_state, theta, potential, num_warmup_steps)
+            pe = potential.potential(theta, potential.draw_indices(k_pe), model_args, model_kwargs)
             zero = jnp.zeros((), jnp.int32)
             return SGState(
                 i=zero, z=potential.view.unravel(theta), potential_energy=pe,
@@ -284,13 +357,11 @@ class SGKernel(MCMCKernel):
                 num_data=jnp.asarray(potential.num_data, jnp.int32),
                 num_divergences=zero, first_divergence=zero - 1, diverging=jnp.array(False),
                 num_warmup_steps=jnp.asarray(num_warmup_steps, jnp.int32),
-                shuffle_key=random.key_data(k_shuffle), kernel_state=ks, rng_key=key,
+                shuffle_key=random.key_data(k_shuffle),
+                kernel_state=algorithm.init(k_state, theta, num_warmup_steps), rng_key=key,
             )
 
-        if vectorized:
-            state = jax.vmap(init_one)(rng_key, init_params)
-        else:
-            state = init_one(rng_key, init_params)
+        state = jax.vmap(init_one)(rng_key, init_params) if vectorized else init_one(rng_key, init_params)
         if not _is_tracer(state.potential_energy) and not bool(jnp.all(jnp.isfinite(state.potential_energy))):
             raise ValueError(
                 f"{type(self).__name__}: the potential is not finite at the initial point; check the "
@@ -310,102 +381,96 @@ class SGKernel(MCMCKernel):
         return postprocess
 
     # ------------------------------------------------------------------ transition
-    def _transition(self, state, model_args, model_kwargs, update, method):
-        """One SG step of one chain: ``update`` proposes, the base guards and accounts."""
+    def _oracle(self, state, model_args, model_kwargs, method):
+        return MinibatchOracle(self.potential, model_args, model_kwargs, method, state.i,
+                               random.wrap_key_data(state.shuffle_key))
+
+    def _transition(self, state, theta, model_args, model_kwargs, step_fn, method):
+        """One SG step of one chain on the carry ``(state, theta)``: the algorithm proposes, the
+        driver guards (only what changed) and accounts."""
         potential = self.potential
         key, k_step = random.split(state.rng_key)
-        oracle = MinibatchOracle(
-            potential, model_args, model_kwargs, method, state.i,
-            random.wrap_key_data(state.shuffle_key), params=self._params_of(state),
-        )
-        theta = potential.view.ravel(state.z)
-        new_theta, ks, pe, evals = update(k_step, state.i, theta, state.kernel_state, oracle)
-        ok = (jnp.isfinite(pe) & _all_finite(new_theta) & potential.constrained_is_finite(new_theta)
-              & _all_finite(ks, state.kernel_state))
-        new_theta = jnp.where(ok, new_theta, theta)
-        ks = jax.tree.map(lambda new, old: jnp.where(ok, new, old), ks, state.kernel_state)
-        rem = state.grad_evals_in_pass + evals
-        return state._replace(
+        oracle = self._oracle(state, model_args, model_kwargs, method)
+        new_theta, ks, info = step_fn(k_step, state.i, theta, state.kernel_state, oracle)
+        ok = (jnp.isfinite(info.potential_energy) & _finite(new_theta) & potential.constrained_is_finite(new_theta)
+              & _changed_finite(ks, state.kernel_state))
+        rem = state.grad_evals_in_pass + info.num_grad_evals
+        state = state._replace(
             i=state.i + 1,
-            z=potential.view.unravel(new_theta),
-            potential_energy=jnp.where(ok, pe, state.potential_energy),
+            potential_energy=jnp.where(ok, info.potential_energy, state.potential_energy),
             data_passes_done=state.data_passes_done + rem // state.num_data,
             grad_evals_in_pass=rem % state.num_data,
             num_divergences=state.num_divergences + (~ok),
             first_divergence=jnp.where((state.first_divergence < 0) & ~ok, state.i, state.first_divergence),
             diverging=state.diverging | ~ok,
-            kernel_state=ks,
+            kernel_state=_guard(ok, ks, state.kernel_state),
             rng_key=key,
         )
-
-    def _params_of(self, state):
-        """Values of ``numpyro.param`` sites to substitute (None: the model's init values)."""
-        return None
+        return state, jnp.where(ok, new_theta, theta)
 
     def sample(self, state, model_args, model_kwargs):
         """``steps_per_sample`` SG steps in one compiled loop.
 
         The phase (warmup or sampling) is decided once per call and outside the vmap over
-        chains (all chains share ``i``): warmup blocks never cost a sampling step anything and
-        vice versa. ``num_warmup_steps`` is a multiple of ``steps_per_sample``, so a block never
-        straddles the end of warmup; the block that ends warmup freezes the adapted quantities.
+        chains (all chains share ``i``). ``num_warmup_steps`` is a multiple of
+        ``steps_per_sample``, so a block never straddles the end of warmup; the block that ends
+        warmup freezes the adapted quantities (``end_warmup``). Inside the block the flat θ is
+        carried (not the dict ``z``).
         """
         model_kwargs = {} if model_kwargs is None else model_kwargs
+        alg = self._get_algorithm()
+        view = self.potential.view
         vectorized = jnp.ndim(state.i) > 0
         k = self._steps_per_sample
         over_chains = jax.vmap if vectorized else (lambda f: f)
 
-        def block(update, method):
-            def chain(s):
-                def step(_, s):
-                    return self._transition(s, model_args, model_kwargs, update, method)
+        def block(step_fn, method):
+            def chain(s, theta):
+                def body(_, carry):
+                    return self._transition(*carry, model_args, model_kwargs, step_fn, method)
 
-                return step(0, s) if k == 1 else lax.fori_loop(0, k, step, s)
+                return body(0, (s, theta)) if k == 1 else lax.fori_loop(0, k, body, (s, theta))
 
-            return over_chains(chain)
+            return chain
 
-        def finalize(s):
-            return self._freeze(s, model_args, model_kwargs)
+        def end_warmup(s, theta):
+            oracle = self._oracle(s, model_args, model_kwargs, self._subsample)
+            return s._replace(kernel_state=alg.end_warmup(theta, s.kernel_state, oracle)), theta
 
         i = state.i[0] if vectorized else state.i
         w = state.num_warmup_steps[0] if vectorized else state.num_warmup_steps
+        adapts = alg.end_warmup is not None
 
-        def warmup(s):
-            s = block(self._warmup_update, self._warmup_subsample)(s)
-            return lax.cond(i + k >= w, over_chains(finalize), lambda s: s, s)
+        def warmup(carry):
+            carry = over_chains(block(alg.warmup_step, self._warmup_subsample))(*carry)
+            if not adapts:
+                return carry
+            return lax.cond(i + k >= w, over_chains(end_warmup), lambda *c: c, *carry)
 
         state = state._replace(diverging=jnp.zeros_like(state.diverging))
         sampling = state.i >= state.num_warmup_steps
-        state = self._begin_block(state, model_args, model_kwargs)
-        if not self._adapts and self._warmup_subsample == self._subsample:
-            # warmup is plain burn-in with the sampling dynamics: no phase switch at all
-            state = block(self._sample_update, self._subsample)(state)
+        theta = over_chains(view.ravel)(state.z)
+        if alg.start_block is not None:
+            theta, ks = over_chains(alg.start_block)(theta, state.kernel_state)
+            state = state._replace(kernel_state=ks)
+        sample_block = over_chains(block(alg.sample_step, self._subsample))
+        if not adapts and alg.warmup_step is alg.sample_step and self._warmup_subsample == self._subsample:
+            state, theta = sample_block(state, theta)  # warmup is plain burn-in: no phase switch
         else:
-            state = lax.cond(i < w, warmup, block(self._sample_update, self._subsample), state)
-        return self._end_block(state, sampling, model_args, model_kwargs)
+            state, theta = lax.cond(i < w, warmup, lambda c: sample_block(*c), (state, theta))
+        if alg.end_block is not None:
+            state, theta = over_chains(self._end_block)(state, theta, sampling, model_args, model_kwargs)
+        return state._replace(z=over_chains(view.unravel)(theta))
 
-    def _freeze(self, state, model_args, model_kwargs):
-        """``_end_warmup`` of one chain at its current point and params."""
-        oracle = MinibatchOracle(self.potential, model_args, model_kwargs, self._subsample, state.i,
-                                 random.wrap_key_data(state.shuffle_key), params=self._params_of(state))
-        theta = self.potential.view.ravel(state.z)
-        return state._replace(kernel_state=self._end_warmup(state.kernel_state, theta, oracle))
-
-    def _begin_block(self, state, model_args, model_kwargs):
-        """Prepare ``state`` (all chains) before the SG steps of one returned sample (override)."""
-        return state
-
-    def _end_block(self, state, sampling, model_args, model_kwargs):
-        """Turn ``state`` after the SG steps of one returned sample into the returned state
-        (override; IASG: the sample field becomes the window's average). ``sampling`` tells, per
-        chain, whether the block was a sampling block."""
-        return state
+    def _end_block(self, state, theta, sampling, model_args, model_kwargs):
+        oracle = self._oracle(state, model_args, model_kwargs, self._subsample)
+        key, theta, ks, evals = self._get_algorithm().end_block(state.rng_key, theta, state.kernel_state, oracle,
+                                                                sampling)
+        rem = state.grad_evals_in_pass + evals
+        return state._replace(kernel_state=ks, rng_key=key, grad_evals_in_pass=rem % state.num_data,
+                              data_passes_done=state.data_passes_done + rem // state.num_data), theta
 
     # ------------------------------------------------------------------ reporting
-    def _diagnostics(self, kernel_state):
-        """Kernel-specific text for the progress bar (override)."""
-        return ""
-
     def get_diagnostics_str(self, state):
         """Progress-bar text, refreshed at most every 0.3 s: reading the state forces a device
         sync, which would otherwise stall the dispatch of every returned sample."""
@@ -414,7 +479,8 @@ class SGKernel(MCMCKernel):
             return self._diag_text
         self._diag_time = now
         text = f"{float(state.data_passes):.3g} passes, {int(state.num_divergences)} divergences"
-        extra = self._diagnostics(state.kernel_state)
+        describe = self._get_algorithm().describe
+        extra = describe(state.kernel_state) if describe is not None else ""
         self._diag_text = f"{text}, {extra}" if extra else text
         return self._diag_text
 

@@ -13,33 +13,31 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import jax
 import jax.numpy as jnp
 from jax import random
 
-from .base import is_positive_scalar
+from .base import SGAlgorithm, SGKernel, StepInfo, is_positive_scalar, pick_chain
 from .noise import (
     PRECONDITIONERS,
     apply_preconditioner,
-    discrete_time_correction,
+    effective_curvature,
     kl_optimal_preconditioner,
     psd_factor,
 )
-from .warmup import NoiseAdaptingKernel, WarmupState
+from .noise import discrete_time_correction as correction_factor
+from .warmup import WARMUP_DEFAULTS, WarmupState, check_warmup_options, noise_warmup
 
-__all__ = ["ConstantSGD", "ConstantSGDState", "constant_sgd_step"]
+__all__ = ["ConstantSGD", "ConstantSGDState", "constant_sgd", "constant_sgd_step"]
 
 
 class ConstantSGDState(NamedTuple):
-    """Kernel state of :class:`ConstantSGD` (one chain)."""
+    """State of the :func:`constant_sgd` algorithm (one chain)."""
 
-    #: P = H/N, frozen at the end of warmup: shape () scalar, (D,) diag/sqrt, (D, D) full;
+    #: P = (ε/N) B, frozen at the end of warmup: shape () scalar, (D,) diag/sqrt, (D, D) full;
     #: includes the momentum factor μ
     preconditioner: jnp.ndarray
     #: ε in Mandt's units (H = ε B), the KL-optimal ε* unless ``step_size`` was given
     step_size: jnp.ndarray
-    #: user override of ε (NaN: use ε*)
-    user_step_size: jnp.ndarray
     #: momentum damping μ ∈ (0, 1] (1: plain SGD)
     momentum: jnp.ndarray
     #: velocity v of the momentum update (zeros without momentum)
@@ -65,7 +63,67 @@ def constant_sgd_step(theta, velocity, grad, preconditioner, momentum):
     return theta + velocity, velocity
 
 
-class ConstantSGD(NoiseAdaptingKernel):
+def constant_sgd(potential, preconditioner="diag", *, step_size=None, momentum=1.0, discrete_time_correction=True,
+                 prior_noise=False, subsample="with_replacement", name="ConstantSGD", **warmup_options):
+    """The constant-SGD algorithm (:class:`ConstantSGD`) for a traced model.
+
+    :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential` (plates, N, S, D).
+    :return: :class:`~numpyro_sgd.base.SGAlgorithm`.
+    """
+    warmup = noise_warmup(potential, preconditioner == "full", name, **warmup_options)
+    full = preconditioner == "full"
+    without_replacement = subsample == "without_replacement"
+
+    def init(rng_key, theta, num_warmup_steps):
+        d, dtype = theta.shape[0], theta.dtype
+        nan = jnp.asarray(jnp.nan, dtype)
+        shape = {"scalar": (), "diag": (d,), "sqrt": (d,), "full": (d, d)}[preconditioner]
+        return ConstantSGDState(
+            preconditioner=jnp.full(shape, jnp.nan, dtype), step_size=nan, momentum=jnp.asarray(momentum, dtype),
+            velocity=jnp.zeros(d, dtype), correction=nan, noise_cov=jnp.zeros((d, d) if full else (d,), dtype),
+            injection=jnp.zeros((d, d) if full else (d,), dtype),
+            warmup=warmup.init(theta, num_warmup_steps),
+        )
+
+    def warmup_step(rng_key, step, theta, state, oracle):
+        theta, ws, info = warmup.update(rng_key, step, theta, state.warmup, oracle)
+        return theta, state._replace(warmup=ws), info
+
+    def end_warmup(theta, state, oracle):
+        summary = warmup.final(state.warmup, theta, oracle)
+        noise = summary.noise
+        # exact discrete-time optimum P = 2 (f Q + A)⁻¹ (see the class notes) or Mandt's 2 Q⁻¹
+        if discrete_time_correction:
+            c = correction_factor(summary.plate_noise, potential.plates, without_replacement)
+            effective = effective_curvature(summary, potential.plates, without_replacement)
+        else:
+            c, effective = jnp.asarray(2.0, noise.dtype), noise
+        injection = state.injection
+        if prior_noise:  # Thm. 3: injected noise Ξ = Λ⁺ enters P like gradient noise
+            injection = psd_factor(summary.prior_curvature).astype(noise.dtype)
+            effective = effective + (injection @ injection.T if full else injection**2)
+        # a user ε is the same path with ε given (H = ε B; Eq. 27 takes it as is); the
+        # KL-optimal rate with damping μ is μ ε* (Eq. 31)
+        precond, eps = kl_optimal_preconditioner(preconditioner, effective if step_size is None else noise, 2.0,
+                                                 step_size, potential.num_data, potential.batch_size)
+        factor = state.momentum if step_size is None else 1.0
+        return state._replace(preconditioner=(precond * factor).astype(noise.dtype),
+                              step_size=jnp.asarray(eps * factor, noise.dtype), correction=jnp.asarray(c, noise.dtype),
+                              noise_cov=noise, injection=injection)
+
+    def sample_step(rng_key, step, theta, state, oracle):
+        pe, grad, indices = oracle.grad(rng_key, theta)                      # ĝ_S(θ_t)
+        if prior_noise:                                                      # + ξ ~ N(0, Ξ) (Thm. 3)
+            z = random.normal(random.fold_in(rng_key, 1), theta.shape, theta.dtype)
+            grad = grad + apply_preconditioner(state.injection, z)
+        theta, velocity = constant_sgd_step(theta, state.velocity, grad, state.preconditioner, state.momentum)
+        return theta, state._replace(velocity=velocity), StepInfo(pe, oracle.batch_size, indices)
+
+    return SGAlgorithm(init, warmup_step, sample_step, end_warmup,
+                       describe=lambda state: f"ε {float(state.step_size):.3g}")
+
+
+class ConstantSGD(SGKernel):
     """Constant SGD tuned so its stationary distribution is KL-closest to the posterior.
 
     **References:**
@@ -150,12 +208,15 @@ class ConstantSGD(NoiseAdaptingKernel):
     """
 
     def __init__(self, model, preconditioner="diag", *, step_size=None, momentum=1.0,
-                 discrete_time_correction=True, prior_noise=False, **kwargs):
+                 discrete_time_correction=True, prior_noise=False, noise_estimator=None, adam_fraction=0.4,
+                 noise_window=0.4, adam_lr=(0.1, 1e-3), warmup_max_step=1.0, **kwargs):
         if preconditioner not in PRECONDITIONERS:
             raise ValueError(
                 f"ConstantSGD: unknown preconditioner {preconditioner!r}; choose one of {PRECONDITIONERS}."
             )
-        super().__init__(model, full_noise=preconditioner == "full", **kwargs)
+        super().__init__(model, **kwargs)
+        self._warmup_options = check_warmup_options(
+            "ConstantSGD", noise_estimator, adam_fraction, noise_window, adam_lr, warmup_max_step)
         if step_size is not None and not is_positive_scalar(step_size):
             raise ValueError(f"ConstantSGD: step_size must be a positive float or None (use ε*), got {step_size!r}.")
         if not 0 < momentum <= 1:
@@ -167,83 +228,22 @@ class ConstantSGD(NoiseAdaptingKernel):
                 "ConstantSGD: prior_noise=True sets the rate from the injected noise (Mandt Thm. 3); "
                 "drop step_size, or set prior_noise=False to use your step size."
             )
-        self._prior_noise = bool(prior_noise)
-        self._preconditioner = preconditioner
-        self._step_size = step_size
-        self._momentum = momentum
-        self._correct = discrete_time_correction
+        self._options = dict(preconditioner=preconditioner, step_size=None if step_size is None else float(step_size),
+                             momentum=momentum, discrete_time_correction=bool(discrete_time_correction),
+                             prior_noise=bool(prior_noise))
 
-    # ------------------------------------------------------------------ setup
-    def _init_kernel_state(self, rng_key, theta, potential, num_warmup_steps):
-        d, dtype = theta.shape[0], theta.dtype
-        shape = {"scalar": (), "diag": (d,), "sqrt": (d,), "full": (d, d)}[self._preconditioner]
-        nan = jnp.asarray(jnp.nan, dtype)
-        return ConstantSGDState(
-            preconditioner=jnp.full(shape, jnp.nan, dtype),
-            step_size=nan,
-            user_step_size=jnp.asarray(jnp.nan if self._step_size is None else self._step_size, dtype),
-            momentum=jnp.asarray(self._momentum, dtype),
-            velocity=jnp.zeros(d, dtype),
-            correction=nan,
-            noise_cov=jnp.zeros((d, d) if self._preconditioner == "full" else (d,), dtype),
-            injection=jnp.zeros((d, d) if self._preconditioner == "full" else (d,), dtype),
-            warmup=self._init_warmup(theta, potential, num_warmup_steps),
-        )
-
-    # ------------------------------------------------------------------ dynamics
-    def _end_warmup(self, ks, theta, oracle):
-        # called inside the traced step; the potential is the one of the current run
-        potential = self.potential
-        plate_noise = self._plate_noise(ks)
-        noise = sum(plate_noise)
-        user = None if self._step_size is None else ks.user_step_size
-        if self._correct or self._prior_noise:
-            prior_curvature = oracle.prior_hessian(theta, diagonal=noise.ndim == 1)
-        if self._correct:
-            # exact discrete-time optimum P = 2 (f Q + A)⁻¹ with A ≈ (S/N) Q + ∇²(prior): the
-            # factor c = 2/(f + S/N) and the curvature that the gradient noise does not see
-            c = discrete_time_correction(plate_noise, potential.plates, self._subsample == "without_replacement")
-            effective = (2.0 / c) * noise + prior_curvature
-        else:
-            c = jnp.asarray(2.0, noise.dtype)
-            effective = noise
-        injection = ks.injection
-        if self._prior_noise:
-            # Thm. 3: injected noise Ξ = Λ⁺ enters P like gradient noise
-            injection = psd_factor(prior_curvature).astype(noise.dtype)
-            effective = effective + (injection @ injection.T if injection.ndim == 2 else injection**2)
-        precond, eps = kl_optimal_preconditioner(
-            self._preconditioner, noise if user is not None else effective, 2.0, user,
-            potential.num_data, potential.batch_size,
-        )
-        # KL-optimal rate with damping μ is μ ε* (Eq. 31); a user ε is taken as given (Eq. 27)
-        factor = ks.momentum if user is None else 1.0
-        return ks._replace(
-            preconditioner=(precond * factor).astype(noise.dtype),
-            step_size=jnp.asarray(eps * factor, noise.dtype),
-            correction=jnp.asarray(c, noise.dtype),
-            noise_cov=noise,
-            injection=injection,
-        )
-
-    def _sample_update(self, rng_key, step, theta, ks, oracle):
-        pe, grad = oracle.grad(rng_key, theta)
-        if self._prior_noise:
-            z = random.normal(random.fold_in(rng_key, 1), theta.shape, theta.dtype)
-            grad = grad + (ks.injection @ z if ks.injection.ndim == 2 else ks.injection * z)
-        theta, velocity = constant_sgd_step(theta, ks.velocity, grad, ks.preconditioner, ks.momentum)
-        return theta, ks._replace(velocity=velocity), pe, oracle.batch_size
+    def _build(self, potential):
+        return constant_sgd(potential, **self._options, subsample=self._subsample, **self._warmup_options)
 
     def predicted_covariance(self, state, *model_args, at=None, chain=0, discrete=True, **model_kwargs):
         """Stationary covariance of the frozen chain predicted by the Lyapunov equation.
 
         Σ solves P A Σ + Σ A P = P Q P (Mandt Eq. 13/22; ``discrete=True``: the exact law of
         the linear recursion, see :func:`~numpyro_sgd.theory.lyapunov_covariance`), with P and Q
-        the frozen preconditioner and noise estimate of ``state`` and A the Hessian of the
-        full-data potential at ``at`` (default: the chain's current point; pass the posterior
-        mode or the sample mean, e.g. ``potential.view.ravel`` of the mean of
-        ``mcmc.get_samples()`` mapped to the unconstrained scale). Compare it with the covariance
-        of the unconstrained draws (``extra_fields=("z",)``) as in the paper's Fig. 2.
+        the frozen preconditioner and noise estimate of ``state`` (plus the injected noise of
+        ``prior_noise=True``) and A the Hessian of the full-data potential at ``at`` (default:
+        the chain's current point). Compare it with the covariance of the unconstrained draws
+        (``extra_fields=("z",)``) as in the paper's Fig. 2.
 
         :return: Σ, a (D, D) NumPy array in the order of ``self.potential.view.names``.
         """
@@ -251,19 +251,12 @@ class ConstantSGD(NoiseAdaptingKernel):
 
         from .theory import lyapunov_covariance
 
-        if self._momentum != 1.0:
+        if self._options["momentum"] != 1.0:
             raise ValueError("ConstantSGD.predicted_covariance: the Lyapunov prediction assumes momentum=1 (Eq. 13).")
-        pick = (lambda x: x[chain]) if jnp.ndim(state.i) > 0 else (lambda x: x)
-        ks = jax.tree.map(pick, state.kernel_state)
-        potential = self.potential
-        theta = potential.view.ravel(jax.tree.map(pick, state.z)) if at is None else jnp.asarray(at)
-        hessian = jax.hessian(potential.full_potential)(theta, model_args, model_kwargs)
+        one = pick_chain(state, chain)
+        ks = one.kernel_state
+        hessian = self.potential.full_hessian(one.z if at is None else at, model_args, model_kwargs)
         noise = np.asarray(ks.noise_cov)
-        if self._prior_noise:  # the injected noise adds to the gradient noise
-            f = np.asarray(ks.injection)
-            noise = (np.diag(noise) if noise.ndim == 1 else noise) + (f @ f.T if f.ndim == 2 else np.diag(f**2))
-        return lyapunov_covariance(np.asarray(ks.preconditioner), np.asarray(hessian), noise, discrete=discrete)
-
-    def _diagnostics(self, ks):
-        return f"ε {float(ks.step_size):.3g}"
-
+        f = np.asarray(ks.injection)  # the injected noise adds to the gradient noise (zero without it)
+        noise = (np.diag(noise) if noise.ndim == 1 else noise) + (f @ f.T if f.ndim == 2 else np.diag(f**2))
+        return lyapunov_covariance(np.asarray(ks.preconditioner), hessian, noise, discrete=discrete)

@@ -37,6 +37,10 @@ __all__ = [
     "noise_estimator",
     "discrete_time_correction",
     "kl_optimal_preconditioner",
+    "kl_optimal_shape",
+    "kl_optimal_step_size",
+    "effective_curvature",
+    "fisher_curvature",
     "apply_preconditioner",
     "PRECONDITIONERS",
     "sgfs_preconditioner",
@@ -170,13 +174,77 @@ def regularized_cholesky(matrix):
     return jnp.linalg.cholesky(matrix + delta * jnp.diag(jnp.diagonal(matrix)))
 
 
-def kl_optimal_preconditioner(kind, noise, correction=2.0, step_size=None, num_data=None, batch_size=None):
-    """The KL-optimal constant preconditioner P (θ ← θ − P ∇Û_S) of Mandt et al. Sec. 3.
+def effective_curvature(summary, plates, without_replacement=False):
+    """Q_eff = (f + S/N) Q + Λ: what the exact discrete-time optimum P = 2 Q_eff⁻¹ inverts.
 
-    In U units (see the module docstring), with c = ``correction`` (2 in continuous time):
+    For θ ← θ − P(A(θ − θ*) + ξ), Cov ξ = f Q, the stationary covariance is A⁻¹ iff
+    P = 2 (f Q + A)⁻¹; with the likelihood's Hessian ≈ its Fisher (S/N) Q (A5) and Λ the exact
+    Hessian of the prior and Jacobian terms, A ≈ (S/N) Q + Λ. f and S/N come from
+    :func:`discrete_time_correction` (c = 2/(f + S/N)).
+
+    :param summary: a :class:`~numpyro_sgd.warmup.WarmupSummary` (per-plate Q_p, Λ).
+    """
+    c = discrete_time_correction(summary.plate_noise, plates, without_replacement)
+    return (2.0 / c) * summary.noise + summary.prior_curvature
+
+
+def fisher_curvature(summary, plates):
+    """A_U ≈ Σ_p (S_p/N_p) Q_p + Λ: the Hessian of the full-data potential under A5 (the
+    likelihood Hessian of plate p is its Fisher N_p C_p = (S_p/N_p) Q_p) plus the prior's."""
+    fisher = sum(q * (p.subsample_size / p.size) for q, p in zip(summary.plate_noise, plates))
+    return fisher + summary.prior_curvature
+
+
+def _floored_diagonal(noise):
+    q_diag = jnp.diagonal(noise) if noise.ndim == 2 else noise
+    # floor tiny variances (a coordinate with no gradient noise)
+    return jnp.maximum(q_diag, jnp.finfo(q_diag.dtype).tiny)
+
+
+def kl_optimal_shape(kind, noise, num_data, batch_size):
+    """B of Mandt's H = ε B, in U units: the preconditioner is P = (ε/N) B.
+
+    With the per-datum noise C = S Q / N²: ``"scalar"`` B = I, ``"diag"`` B = diag(C)⁻¹,
+    ``"full"`` B = C⁻¹ (Cholesky solve), ``"sqrt"`` B = diag(C)^(−1/2) (Thm. 1, Cor. 1, Thm. 2,
+    App. E Eq. 64). Shape () for scalar, (D,) for diag/sqrt, (D, D) for full.
+    """
+    n, s = num_data, batch_size
+    if kind == "scalar":
+        return jnp.ones((), noise.dtype)
+    if kind == "diag":
+        return n**2 / (s * _floored_diagonal(noise))
+    if kind == "sqrt":
+        return n / jnp.sqrt(s * _floored_diagonal(noise))
+    if kind == "full":
+        chol = regularized_cholesky(noise)
+        return n**2 / s * cho_solve((chol, True), jnp.eye(noise.shape[0], dtype=noise.dtype))
+    raise ValueError(f"unknown preconditioner {kind!r}; choose one of {PRECONDITIONERS}.")
+
+
+def kl_optimal_step_size(kind, noise, num_data, batch_size, correction=2.0):
+    """Mandt's KL-optimal ε* for H = ε* B (:func:`kl_optimal_shape`), c = ``correction`` in place of 2:
+
+    ``"scalar"`` ε* = c D N / Tr(Q) (Eq. 18: 2 S D / (N Tr C)); ``"diag"`` and ``"full"``
+    ε* = c S / N (Cor. 1, Eq. 20); ``"sqrt"`` ε* = c D √S / Σ_k √Q_kk (Eq. 64).
+    """
+    q_diag = _floored_diagonal(noise)
+    dim = q_diag.shape[0]
+    if kind == "scalar":
+        return correction * dim * num_data / jnp.sum(q_diag)
+    if kind == "sqrt":
+        return correction * dim * jnp.sqrt(batch_size) / jnp.sum(jnp.sqrt(q_diag))
+    if kind in ("diag", "full"):
+        return jnp.asarray(correction * batch_size / num_data, noise.dtype)
+    raise ValueError(f"unknown preconditioner {kind!r}; choose one of {PRECONDITIONERS}.")
+
+
+def kl_optimal_preconditioner(kind, noise, correction=2.0, step_size=None, num_data=None, batch_size=None):
+    """The KL-optimal constant preconditioner P (θ ← θ − P ∇Û_S) of Mandt et al. Sec. 3,
+    P = (ε/N) B with B from :func:`kl_optimal_shape` and ε = ``step_size`` or the optimal ε*
+    (:func:`kl_optimal_step_size`). In U units, with c = ``correction`` (2 in continuous time):
 
     ============  ====================================  ==============================
-    ``kind``      P                                     Mandt et al.
+    ``kind``      P at ε*                               Mandt et al.
     ============  ====================================  ==============================
     ``"scalar"``  c D / Tr(Q) · I                       Thm. 1, Eq. 18: ε* = 2 S D / (N Tr C)
     ``"diag"``    c / diag(Q)                           Cor. 1: H_kk = 2 S / (N C_kk)
@@ -184,33 +252,12 @@ def kl_optimal_preconditioner(kind, noise, correction=2.0, step_size=None, num_d
     ``"sqrt"``    c D / Σ_k √Q_kk · diag(Q)^(−1/2)       App. E, Eq. 64: H = ε* G⁻¹, G = √diag C
     ============  ====================================  ==============================
 
-    ``step_size`` (Mandt's ε, with C = S Q / N² per datum) replaces the optimal ε* of each
-    form H = ε B: B = I, diag(C)⁻¹, C⁻¹, diag(C)^(−1/2) respectively.
-
     :param noise: Q, shape (D,) (diagonal) or (D, D) (full, needed for ``"full"``).
     :return: ``(P, epsilon)``: P has shape () for scalar, (D,) for diag/sqrt, (D, D) for full;
         ``epsilon`` is the step size in Mandt's units.
     """
-    q_diag = jnp.diagonal(noise) if noise.ndim == 2 else noise
-    dim = q_diag.shape[0]
-    # floor tiny variances (a coordinate with no gradient noise) relative to the mean
-    q_diag = jnp.maximum(q_diag, jnp.finfo(q_diag.dtype).tiny)
-    n, s = num_data, batch_size
-    if kind == "scalar":
-        scale = correction * dim / jnp.sum(q_diag) if step_size is None else step_size / n
-        return scale, scale * n
-    if kind == "sqrt":
-        root = jnp.sqrt(q_diag)
-        scale = correction * dim / jnp.sum(root) if step_size is None else step_size / jnp.sqrt(s)
-        return scale / root, scale * jnp.sqrt(s)
-    scale = correction if step_size is None else step_size * n / s
-    eps = scale * s / n
-    if kind == "diag":
-        return scale / q_diag, eps
-    if kind == "full":
-        chol = regularized_cholesky(noise)
-        return scale * cho_solve((chol, True), jnp.eye(dim, dtype=noise.dtype)), eps
-    raise ValueError(f"unknown preconditioner {kind!r}; choose one of {PRECONDITIONERS}.")
+    eps = kl_optimal_step_size(kind, noise, num_data, batch_size, correction) if step_size is None else step_size
+    return eps / num_data * kl_optimal_shape(kind, noise, num_data, batch_size), eps
 
 
 def psd_factor(matrix):

@@ -35,7 +35,7 @@ from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.util import constrain_fn, potential_energy
 from numpyro.primitives import Messenger
 
-__all__ = ["PlateInfo", "SubsampledPotential", "SUBSAMPLE_METHODS"]
+__all__ = ["PlateInfo", "SubsampledPotential", "MinibatchOracle", "SUBSAMPLE_METHODS"]
 
 #: How minibatch indices are drawn. ``"with_replacement"`` (default) draws S i.i.d. uniform
 #: indices; ``"without_replacement"`` draws a fresh uniformly random S-subset every step;
@@ -352,6 +352,11 @@ class SubsampledPotential:
         """U(θ) on all the data (every plate set to all its N indices, scale 1)."""
         return self.potential(theta, self.full_indices(), model_args, model_kwargs, params)
 
+    def full_hessian(self, at, model_args=(), model_kwargs=None, params=None):
+        """∇²U at ``at`` (flat θ or a dict of unconstrained values) on all the data, as NumPy (D, D)."""
+        theta = self.view.ravel(at) if isinstance(at, dict) else jnp.asarray(at)
+        return np.asarray(jax.hessian(self.full_potential)(theta, model_args, model_kwargs, params))
+
     # ------------------------------------------------------------------ constraining
     def constrained_is_finite(self, theta):
         """Whether θ maps to finite constrained values (e.g. exp(log σ) does not overflow).
@@ -381,6 +386,73 @@ class SubsampledPotential:
             out = constrain_fn(model, model_args, model_kwargs, self.view.unravel(theta),
                                return_deterministic=True)
         return {k: v for k, v in out.items() if k not in self.plate_deterministic}
+
+
+class MinibatchOracle:
+    """What an algorithm step may ask of the model: minibatch indices, minibatch potentials and
+    gradients, per-example gradients and the prior's Hessian.
+
+    A :class:`SubsampledPotential` bound to the model arguments of one ``sample`` call (never
+    cached across calls), to how indices are drawn (``method``; ``"shuffle"`` needs the SG
+    ``step`` and ``shuffle_key``) and to the values of ``numpyro.param`` sites (``params``; None:
+    the model's init values). Built at trace time; it holds no state of its own.
+    """
+
+    def __init__(self, potential, model_args=(), model_kwargs=None, method="with_replacement", step=None,
+                 shuffle_key=None, params=None):
+        self.potential = potential
+        self.model_args = model_args
+        self.model_kwargs = {} if model_kwargs is None else model_kwargs
+        self.method = method
+        self.step = step
+        self.shuffle_key = shuffle_key
+        self.params = params
+
+    def with_params(self, params):
+        """The same oracle with the ``numpyro.param`` sites set to ``params``."""
+        return MinibatchOracle(self.potential, self.model_args, self.model_kwargs, self.method, self.step,
+                               self.shuffle_key, params)
+
+    @property
+    def batch_size(self):
+        """Per-datum gradients in one minibatch gradient (Σ_p S_p)."""
+        return self.potential.batch_size
+
+    @property
+    def num_data(self):
+        """N = Σ_p N_p."""
+        return self.potential.num_data
+
+    @property
+    def plates(self):
+        return self.potential.plates
+
+    def draw(self, rng_key):
+        """Fresh minibatch indices ``{plate: int32[S]}``."""
+        return self.potential.draw_indices(rng_key, self.method, self.step, self.shuffle_key)
+
+    def potential_energy(self, theta, indices):
+        """Û_S(θ) on ``indices``."""
+        return self.potential.potential(theta, indices, self.model_args, self.model_kwargs, self.params)
+
+    def potential_and_grad(self, theta, indices):
+        """(Û_S(θ), ∇Û_S(θ)) on ``indices``."""
+        return self.potential.potential_and_grad(theta, indices, self.model_args, self.model_kwargs, self.params)
+
+    def per_example_grads(self, theta, indices):
+        """Û_S, ∇Û_S and, per plate, the S × D single-example gradients
+        (:meth:`SubsampledPotential.per_example_grads`)."""
+        return self.potential.per_example_grads(theta, indices, self.model_args, self.model_kwargs, self.params)
+
+    def prior_hessian(self, theta, diagonal=False):
+        """Hessian of the potential without its likelihood terms (prior and Jacobians) at θ."""
+        h = jax.hessian(self.potential.prior_potential)(theta, self.model_args, self.model_kwargs, self.params)
+        return jnp.diagonal(h) if diagonal else h
+
+    def grad(self, rng_key, theta):
+        """Draw a minibatch; return ``(Û_S, ∇Û_S)`` at θ and the indices."""
+        indices = self.draw(rng_key)
+        return (*self.potential_and_grad(theta, indices), indices)
 
 
 def _subset_without_replacement(rng_key, size, subsample_size):

@@ -1,7 +1,9 @@
-"""Warmup shared by the kernels that freeze a noise-based preconditioner (ConstantSGD, SGFS).
+"""Warmup of the kernels that freeze a noise-based preconditioner (ConstantSGD, SGFS, IASG), as an
+adapter ``(init, update, final)`` in the manner of NumPyro's ``warmup_adapter``.
 
 Warmup must (a) reach the mode region and (b) estimate the gradient-noise covariance Q there
-(ALGORITHMS.md, "Warmup is the crux"). What this module does, in ``num_warmup_steps`` SG steps:
+(ALGORITHMS.md, "Warmup is the crux"). ``update`` moves θ and adapts, in ``num_warmup_steps``
+SG steps:
 
 1. the first ``adam_fraction`` of warmup: Adam (β₁ = 0.9, β₂ = 0.9) with a learning rate held at
    ``adam_lr[0]`` for half the phase, then decaying exponentially to ``adam_lr[1]``. The short
@@ -16,15 +18,15 @@ Warmup must (a) reach the mode region and (b) estimate the gradient-noise covari
 3. during the last ``noise_window`` fraction, Q is averaged with a
    :func:`~numpyro_sgd.noise.noise_estimator`.
 
-Kernels subclass :class:`NoiseAdaptingKernel`; their state has fields ``warmup``
-(:class:`WarmupState`) and ``noise_cov``, and they implement ``_end_warmup`` (freeze from
-``self._noise(ks)``) and ``_sample_update``.
+``final(state, theta, oracle)`` returns a :class:`WarmupSummary`: the per-plate noise Q_p and
+the prior's Hessian at θ, from which every kernel computes its frozen dynamics with
+:func:`~numpyro_sgd.noise.effective_curvature`.
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax.numpy as jnp
 import optax
@@ -32,14 +34,19 @@ from jax import lax
 from jax.scipy.linalg import cho_solve
 from numpyro.util import find_stack_level
 
-from .base import SGKernel
-from .noise import NOISE_ESTIMATORS, NoiseState, noise_estimator, psd_factor
+from .base import StepInfo
+from .noise import NOISE_ESTIMATORS, NoiseState, psd_factor
+from .noise import noise_estimator as make_noise_estimator
 
-__all__ = ["WarmupState", "NoiseAdaptingKernel"]
+__all__ = ["WarmupState", "WarmupSummary", "NoiseWarmup", "noise_warmup", "WARMUP_DEFAULTS", "check_warmup_options"]
+
+#: defaults of the warmup options every noise-adapting kernel accepts
+WARMUP_DEFAULTS = dict(noise_estimator=None, adam_fraction=0.4, noise_window=0.4, adam_lr=(0.1, 1e-3),
+                       warmup_max_step=1.0)
 
 
 class WarmupState(NamedTuple):
-    """Warmup state of :class:`NoiseAdaptingKernel` kernels."""
+    """State of the noise warmup (one chain)."""
 
     #: optax Adam state (phase 1)
     adam_state: tuple
@@ -61,94 +68,100 @@ class WarmupState(NamedTuple):
     max_step: jnp.ndarray
 
 
+class WarmupSummary(NamedTuple):
+    """What warmup hands to the sampler."""
+
+    #: per-plate gradient-noise covariance Q_p of ∇Û_S (a tuple; Q = their sum); (D,) or (D, D)
+    plate_noise: tuple
+    #: Hessian of the prior and Jacobian terms at the point of ``final`` ((D,) or (D, D))
+    prior_curvature: jnp.ndarray
+
+    @property
+    def noise(self):
+        """Q = Σ_p Q_p."""
+        return sum(self.plate_noise)
+
+
+class NoiseWarmup(NamedTuple):
+    """The adapter: ``init(theta, num_warmup_steps)``, ``update(rng_key, step, theta, state, oracle)
+    -> (theta, state, info)``, ``final(state, theta, oracle) -> WarmupSummary``; ``estimator`` is
+    the noise estimator it averages (SGFS keeps using it while sampling)."""
+
+    init: Callable
+    update: Callable
+    final: Callable
+    estimator: object
+
+
+def check_warmup_options(name, noise_estimator=None, adam_fraction=0.4, noise_window=0.4, adam_lr=(0.1, 1e-3),
+                         warmup_max_step=1.0):
+    """Validate the warmup options in a kernel's ``__init__`` (before any compute); returns them as a dict."""
+    if noise_estimator is not None and noise_estimator not in NOISE_ESTIMATORS:
+        raise ValueError(f"{name}: unknown noise_estimator {noise_estimator!r}; choose one of {NOISE_ESTIMATORS}.")
+    if not (0 <= adam_fraction < 1 and 0 < noise_window <= 1 - adam_fraction):
+        raise ValueError(
+            f"{name}: need 0 <= adam_fraction < 1 and 0 < noise_window <= 1 - adam_fraction, "
+            f"got adam_fraction={adam_fraction}, noise_window={noise_window}."
+        )
+    if not (len(adam_lr) == 2 and adam_lr[0] > 0 and adam_lr[1] > 0):
+        raise ValueError(f"{name}: adam_lr must be two positive learning rates (start, end), got {adam_lr!r}.")
+    if not warmup_max_step > 0:
+        raise ValueError(f"{name}: warmup_max_step must be > 0, got {warmup_max_step}.")
+    return dict(noise_estimator=noise_estimator, adam_fraction=adam_fraction, noise_window=noise_window,
+                adam_lr=tuple(adam_lr), warmup_max_step=warmup_max_step)
+
+
 def _psd_part(h):
     """The positive semi-definite part of a symmetric matrix (or of a diagonal given as a vector)."""
     f = psd_factor(h)
     return f**2 if h.ndim == 1 else f @ f.T
 
 
-def _adam():  # built on demand: optax transformations hold closures and do not pickle
-    return optax.scale_by_adam(b1=0.9, b2=0.9)
+def noise_warmup(potential, full, name, noise_estimator=None, adam_fraction=0.4, noise_window=0.4,
+                 adam_lr=(0.1, 1e-3), warmup_max_step=1.0):
+    """Build the warmup adapter for the traced model (see the module docstring).
 
-
-class NoiseAdaptingKernel(SGKernel):
-    """Base of kernels that find the mode and estimate Q in warmup, then freeze (see module doc).
-
-    :param str noise_estimator: ``"minibatch"`` (default if every S ≥ 2), ``"eq25"`` or
-        ``"pooled"`` (default if some S = 1); see :mod:`numpyro_sgd.noise`.
-    :param float adam_fraction: fraction of warmup run by Adam (default 0.4).
-    :param float noise_window: final fraction of warmup over which Q is averaged (default 0.4).
-    :param tuple adam_lr: Adam's learning rate at the start and end of its phase (default (0.1, 1e-3)).
-    :param float warmup_max_step: clip of each coordinate of a phase-2 warmup step (default 1.0).
-    :param bool full_noise: estimate the full D × D matrix Q (else its diagonal, O(S·D)).
+    :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential` (plates, D).
+    :param bool full: estimate the full D × D matrix Q (else its diagonal, O(S·D)).
+    :param str name: the kernel's name, for messages.
     """
+    sizes = tuple(p.subsample_size for p in potential.plates)
+    method = noise_estimator or ("minibatch" if min(sizes) >= 2 else "pooled")
+    if method in ("minibatch", "eq25") and min(sizes) < 2:
+        raise ValueError(
+            f"{name}: noise_estimator={method!r} needs subsample_size >= 2 in every plate; "
+            "use noise_estimator='pooled' or a larger subsample_size."
+        )
+    estimator = make_noise_estimator(method, sizes, potential.dim, full=full)
+    adam = optax.scale_by_adam(b1=0.9, b2=0.9)
 
-    def __init__(self, model, *, noise_estimator=None, adam_fraction=0.4, noise_window=0.4, adam_lr=(0.1, 1e-3),
-                 warmup_max_step=1.0, full_noise=False, **kwargs):
-        super().__init__(model, **kwargs)
-        name = type(self).__name__
-        if noise_estimator is not None and noise_estimator not in NOISE_ESTIMATORS:
-            raise ValueError(
-                f"{name}: unknown noise_estimator {noise_estimator!r}; choose one of {NOISE_ESTIMATORS}."
-            )
-        if not (0 <= adam_fraction < 1 and 0 < noise_window <= 1 - adam_fraction):
-            raise ValueError(
-                f"{name}: need 0 <= adam_fraction < 1 and 0 < noise_window <= 1 - adam_fraction, "
-                f"got adam_fraction={adam_fraction}, noise_window={noise_window}."
-            )
-        if not (len(adam_lr) == 2 and adam_lr[0] > 0 and adam_lr[1] > 0):
-            raise ValueError(f"{name}: adam_lr must be two positive learning rates (start, end), got {adam_lr!r}.")
-        if not warmup_max_step > 0:
-            raise ValueError(f"{name}: warmup_max_step must be > 0, got {warmup_max_step}.")
-        self._noise_method = noise_estimator
-        self._adam_fraction = adam_fraction
-        self._noise_window = noise_window
-        self._adam_lr = tuple(adam_lr)
-        self._warmup_max_step = warmup_max_step
-        self._full_noise = full_noise
-
-    def _estimator(self, potential=None):
-        potential = self.potential if potential is None else potential
-        sizes = tuple(p.subsample_size for p in potential.plates)
-        method = self._noise_method or ("minibatch" if min(sizes) >= 2 else "pooled")
-        if method in ("minibatch", "eq25") and min(sizes) < 2:
-            raise ValueError(
-                f"{type(self).__name__}: noise_estimator={method!r} needs subsample_size >= 2 in every plate; "
-                "use noise_estimator='pooled' or a larger subsample_size."
-            )
-        return noise_estimator(method, sizes, potential.dim, full=self._full_noise)
-
-    def _check_setup(self, potential, num_warmup_steps):
-        self._estimator(potential)
-        if num_warmup_steps < 20:
+    def init(theta, num_warmup_steps):
+        if isinstance(num_warmup_steps, int) and num_warmup_steps < 20:
             warnings.warn(
-                f"{type(self).__name__}: {num_warmup_steps} warmup SG steps cannot estimate the gradient noise; "
+                f"{name}: {num_warmup_steps} warmup SG steps cannot estimate the gradient noise; "
                 "the preconditioner stays undefined (NaN: every step is rejected and counted as a "
                 "divergence) unless the run continues from a post_warmup_state. Use num_warmup >= 20 "
                 "(typically hundreds to thousands).",
                 stacklevel=find_stack_level(),
             )
-
-    def _init_warmup(self, theta, potential, num_warmup_steps):
-        adam_steps = int(self._adam_fraction * num_warmup_steps)
-        window_start = num_warmup_steps - max(int(self._noise_window * num_warmup_steps), 1)
         dtype = theta.dtype
+        shape = (theta.shape[0],) * (2 if full else 1)
         return WarmupState(
-            adam_state=_adam().init(theta),
-            second_moment=jnp.zeros((theta.shape[0],) * (2 if self._full_noise else 1), theta.dtype),
-            prior_curvature=jnp.zeros((theta.shape[0],) * (2 if self._full_noise else 1), theta.dtype),
-            noise_state=self._estimator(potential).init(dtype),
-            adam_steps=jnp.asarray(adam_steps, jnp.int32),
-            window_start=jnp.asarray(window_start, jnp.int32),
-            adam_lr=jnp.asarray(self._adam_lr, dtype),
-            max_step=jnp.asarray(self._warmup_max_step, dtype),
+            adam_state=adam.init(theta),
+            second_moment=jnp.zeros(shape, dtype),
+            prior_curvature=jnp.zeros(shape, dtype),
+            noise_state=estimator.init(dtype),
+            adam_steps=jnp.asarray(int(adam_fraction * num_warmup_steps), jnp.int32),
+            window_start=jnp.asarray(num_warmup_steps - max(int(noise_window * num_warmup_steps), 1), jnp.int32),
+            adam_lr=jnp.asarray(adam_lr, dtype),
+            max_step=jnp.asarray(warmup_max_step, dtype),
         )
 
-    def _warmup_update(self, rng_key, step, theta, ks, oracle):
-        ws = ks.warmup
-        pe, grad, per_example = oracle.per_example_grads(theta, oracle.draw(rng_key))
-        # uncentred diagonal second moment of ∇Û_S: Σ_p mean_n(g_{p,n}²) / S_p
-        if self._full_noise:  # full uncentred moment Σ_p mean_n(g gᵀ) / S_p, O(S D²): only once it is used
+    def update(rng_key, step, theta, ws, oracle):
+        indices = oracle.draw(rng_key)
+        pe, grad, per_example = oracle.per_example_grads(theta, indices)
+        # uncentred second moment of ∇Û_S: Σ_p mean_n(g_{p,n} g_{p,n}ᵀ) / S_p (diagonal: O(S D))
+        if full:  # O(S D²): only once it is used
             uncentred = lax.cond(step >= ws.adam_steps // 2,
                                  lambda gs: sum(g.T @ g / g.shape[0] ** 2 for g in gs),
                                  lambda gs: jnp.zeros_like(ws.second_moment), per_example)
@@ -159,16 +172,16 @@ class NoiseAdaptingKernel(SGKernel):
         # the curvature that the gradient noise does not see (prior, Jacobians): without it a
         # direction the likelihood leaves flat gets the step ḡ/0, clipped to max_step, every
         # step (measured: |θ|² from 2·10³ to 6·10⁷ in a softmax regression's shift directions)
-        prior = lax.cond(restart, lambda t: _psd_part(oracle.prior_hessian(t, diagonal=not self._full_noise)),
+        prior = lax.cond(restart, lambda t: _psd_part(oracle.prior_hessian(t, diagonal=not full)),
                          lambda t: ws.prior_curvature, theta).astype(theta.dtype)
         # phase 1: Adam, rate held then decaying exponentially
-        updates, adam_state = _adam().update(grad, ws.adam_state)
+        updates, adam_state = adam.update(grad, ws.adam_state)
         frac = jnp.clip(2.0 * step / jnp.maximum(ws.adam_steps, 1) - 1.0, 0.0, 1.0)
         lr = ws.adam_lr[0] * (ws.adam_lr[1] / ws.adam_lr[0]) ** frac
         # phase 2: constant-SGD step preconditioned by the uncentred moment M = Q + ḡḡᵀ, clipped.
         # With the full M this is a natural-gradient step whose length limits itself far from
         # the mode: M⁻¹ḡ = Q⁻¹ḡ / (1 + ḡᵀQ⁻¹ḡ) (Sherman–Morrison), fast along correlated valleys.
-        if self._full_noise:
+        if full:
             # a generous jitter (relative to the mean diagonal) damps the warmup step in poorly
             # resolved directions; the frozen preconditioner uses the scale-invariant one. The
             # O(D³) solve is skipped during the Adam phase (a select under vmap computes both).
@@ -182,12 +195,12 @@ class NoiseAdaptingKernel(SGKernel):
         sgd_delta = -jnp.clip(2.0 * direction, -ws.max_step, ws.max_step)
         delta = jnp.where(step < ws.adam_steps, -lr * updates, sgd_delta)
         # phase 3 (overlapping phase 2): average the noise covariance
-        estimator = self._estimator(oracle.potential)
         noise_state = lax.cond(step >= ws.window_start, lambda gs: estimator.update(ws.noise_state, gs),
                                lambda gs: ws.noise_state, per_example)
         ws = ws._replace(adam_state=adam_state, second_moment=second, prior_curvature=prior, noise_state=noise_state)
-        return theta + delta, ks._replace(warmup=ws), pe, oracle.batch_size
+        return theta + delta, ws, StepInfo(pe, oracle.batch_size, indices)
 
-    def _plate_noise(self, ks):
-        """Per-plate Q_p estimated in warmup (a tuple; Q = their sum)."""
-        return self._estimator().final(ks.warmup.noise_state)
+    def final(ws, theta, oracle):
+        return WarmupSummary(estimator.final(ws.noise_state), oracle.prior_hessian(theta, diagonal=not full))
+
+    return NoiseWarmup(init, update, final, estimator)

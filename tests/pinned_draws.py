@@ -16,20 +16,7 @@ import numpyro.distributions as dist
 from numpyro.distributions import constraints
 from numpyro.infer import MCMC
 
-from numpyro_sgd import (
-    EWSG,
-    EWSGVR,
-    IASG,
-    PSGLD,
-    SGFS,
-    SGHMC,
-    SGLD,
-    ConstantSGD,
-    OverdampedEWSG,
-    Santa,
-    VariationalEM,
-)
-from numpyro_sgd.sgld import robbins_monro
+import numpyro_sgd as ns
 
 PATH = pathlib.Path(__file__).parent / "data" / "pinned_draws.npz"
 N, S = 400, 20
@@ -54,33 +41,33 @@ def param_model(x, y):
 
 
 CONFIGS = {
-    "SGLD": lambda: SGLD(model, step_size=1e-4),
-    "SGLD-schedule": lambda: SGLD(model, step_size=robbins_monro(1e-3)),
-    "PSGLD": lambda: PSGLD(model, step_size=1e-4),
-    "SGHMC": lambda: SGHMC(model, step_size=1e-3, friction=20.0),
-    "ConstantSGD-scalar": lambda: ConstantSGD(model, "scalar"),
-    "ConstantSGD-diag": lambda: ConstantSGD(model, "diag"),
-    "ConstantSGD-full": lambda: ConstantSGD(model, "full"),
-    "ConstantSGD-sqrt": lambda: ConstantSGD(model, "sqrt"),
-    "ConstantSGD-full-momentum": lambda: ConstantSGD(model, "full", momentum=0.5),
-    "ConstantSGD-diag-step": lambda: ConstantSGD(model, "diag", step_size=1e-3),
-    "ConstantSGD-full-prior-noise": lambda: ConstantSGD(model, "full", prior_noise=True),
-    "ConstantSGD-diag-shuffle-sps3": lambda: ConstantSGD(model, "diag", warmup_subsample="shuffle",
+    "SGLD": lambda: ns.SGLD(model, step_size=1e-4),
+    "SGLD-schedule": lambda: ns.SGLD(model, step_size=ns.robbins_monro(1e-3)),
+    "PSGLD": lambda: ns.PSGLD(model, step_size=1e-4),
+    "SGHMC": lambda: ns.SGHMC(model, step_size=1e-3, friction=20.0),
+    "ConstantSGD-scalar": lambda: ns.ConstantSGD(model, "scalar"),
+    "ConstantSGD-diag": lambda: ns.ConstantSGD(model, "diag"),
+    "ConstantSGD-full": lambda: ns.ConstantSGD(model, "full"),
+    "ConstantSGD-sqrt": lambda: ns.ConstantSGD(model, "sqrt"),
+    "ConstantSGD-full-momentum": lambda: ns.ConstantSGD(model, "full", momentum=0.5),
+    "ConstantSGD-diag-step": lambda: ns.ConstantSGD(model, "diag", step_size=1e-3),
+    "ConstantSGD-full-prior-noise": lambda: ns.ConstantSGD(model, "full", prior_noise=True),
+    "ConstantSGD-diag-shuffle-sps3": lambda: ns.ConstantSGD(model, "diag", warmup_subsample="shuffle",
                                                          steps_per_sample=3),
-    "SGFS-full": lambda: SGFS(model, "full"),
-    "SGFS-diag": lambda: SGFS(model, "diag", max_step=1e-3),
-    "SGFS-full-offline": lambda: SGFS(model, "full", online=False, max_step=1e-2),
-    "IASG": lambda: IASG(model, check_validity=False),
-    "IASG-diag": lambda: IASG(model, preconditioner="diag", window=5, check_validity=False),
-    "IASG-full": lambda: IASG(model, preconditioner="full", check_validity=False),
-    "EWSG": lambda: EWSG(model, step_size=1e-3, friction=20.0, num_index_steps=2),
-    "OverdampedEWSG": lambda: OverdampedEWSG(model, step_size=1e-4, num_index_steps=1),
-    "EWSGVR": lambda: EWSGVR(model, step_size=1e-3, friction=20.0, num_index_steps=1),
-    "Santa": lambda: Santa(model, step_size=1e-6),
-    "Santa-anneal-splitting": lambda: Santa(model, step_size=1e-6, anneal=True, scheme="splitting"),
-    "VEM-ConstantSGD-diag": lambda: VariationalEM(ConstantSGD(param_model, "diag")),
-    "VEM-IASG": lambda: VariationalEM(IASG(param_model, window=5, check_validity=False)),
-    "VEM-SGLD": lambda: VariationalEM(SGLD(param_model, step_size=1e-4)),
+    "SGFS-full": lambda: ns.SGFS(model, "full"),
+    "SGFS-diag": lambda: ns.SGFS(model, "diag", max_step=1e-3),
+    "SGFS-full-offline": lambda: ns.SGFS(model, "full", online=False, max_step=1e-2),
+    "IASG": lambda: ns.IASG(model, check_validity=False),
+    "IASG-diag": lambda: ns.IASG(model, preconditioner="diag", window=5, check_validity=False),
+    "IASG-full": lambda: ns.IASG(model, preconditioner="full", check_validity=False),
+    "EWSG": lambda: ns.EWSG(model, step_size=1e-3, friction=20.0, num_index_steps=2),
+    "OverdampedEWSG": lambda: ns.OverdampedEWSG(model, step_size=1e-4, num_index_steps=1),
+    "EWSGVR": lambda: ns.EWSGVR(model, step_size=1e-3, friction=20.0, num_index_steps=1),
+    "Santa": lambda: ns.Santa(model, step_size=1e-6),
+    "Santa-anneal-splitting": lambda: ns.Santa(model, step_size=1e-6, anneal=True, scheme="splitting"),
+    "VEM-ConstantSGD-diag": lambda: ns.VariationalEM(ns.ConstantSGD(param_model, "diag")),
+    "VEM-IASG": lambda: ns.VariationalEM(ns.IASG(param_model, window=5, check_validity=False)),
+    "VEM-SGLD": lambda: ns.VariationalEM(ns.SGLD(param_model, step_size=1e-4)),
 }
 WARMUP, SAMPLES = {"IASG": (2, 3), "IASG-full": (2, 3)}, (40, 20)
 

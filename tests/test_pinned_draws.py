@@ -1,0 +1,35 @@
+"""Every kernel's draws for a fixed key are those of the code before the kernel-shape refactor.
+
+``tests/data/pinned_draws.npz`` was written by ``tests/pinned_draws.py`` at commit 5f14026 (before
+issue 13). The refactor changed how some frozen quantities are computed (e.g. P = (ε/N)·B instead
+of c/diag(Q) in one expression), which moves float64 results by a few ulps; the tolerance
+(relative 1e-9 of each array's scale) admits that rounding and nothing else: a changed key
+stream, update or warmup moves the draws by O(1) posterior sds.
+"""
+
+import importlib.util
+import pathlib
+import warnings
+
+import numpy as np
+import pytest
+
+_spec = importlib.util.spec_from_file_location("pinned_draws", pathlib.Path(__file__).parent / "pinned_draws.py")
+pinned_draws = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(pinned_draws)
+CONFIGS, PATH, run = pinned_draws.CONFIGS, pinned_draws.PATH, pinned_draws.run
+
+PINNED = np.load(PATH)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("num_chains", [pytest.param(1, marks=pytest.mark.slow), 2])
+def test_draws_unchanged(name, num_chains):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = run(name, num_chains)
+    expected = {k: PINNED[k] for k in PINNED.files if k.startswith(f"{name}/{num_chains}/")}
+    assert set(got) == set(expected)
+    for key, want in expected.items():
+        scale = max(float(np.max(np.abs(want))), 1e-300)
+        np.testing.assert_allclose(got[key], want, rtol=0, atol=1e-9 * scale, err_msg=key)
