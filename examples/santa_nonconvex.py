@@ -183,7 +183,7 @@ def seed_keys(seed):
 def package_optimizer(method, lr, seed, num_data, num_steps):
     """The optimizer as one passes it to :func:`map_estimate` (used by the check)."""
     if method.startswith("Santa"):
-        return santa(float(lr), num_data=1.0, sigma=SANTA_SIGMA, damping=SANTA_DAMPING,
+        return santa(float(lr), num_data=1.0, decay=SANTA_SIGMA, damping=SANTA_DAMPING,
                      schedule=polynomial_annealing(SANTA_POWER, scale=num_data), burnin=num_steps // 2,
                      scheme=SCHEMES[method], seed=seed)
     if method == "Adam":
@@ -220,7 +220,7 @@ def make_trainer(potential, num_steps):
                 state = states[0]
                 t = state.count + 1
                 delta, state = santa_step(random.fold_in(k_noise, state.count), grad, state, lr, schedule(t),
-                                          t <= burnin, sigma=SANTA_SIGMA, damping=SANTA_DAMPING, num_data=1.0,
+                                          t <= burnin, decay=SANTA_SIGMA, damping=SANTA_DAMPING, num_data=1.0,
                                           scheme=scheme)
                 return delta, (state, states[1], states[2])
 

@@ -1,40 +1,18 @@
 """numpyro_sgd: scalable stochastic-gradient samplers for NumPyro models."""
 
 from .base import SGAlgorithm, SGKernel, SGState, StepInfo
-from .constant_sgd import ConstantSGD, ConstantSGDState
+from .constant_sgd import ConstantSGD, ConstantSGDState, constant_sgd
 from .diagnostics import fit_gaussian, gaussian_kl
+from .ewsg import EWSG, EWSGVR, EWSGState, EWSGVRState, OverdampedEWSG, OverdampedEWSGState, ewsg, ewsg_vr
+from .iasg import IASG, IASGState, iasg
 from .potential import MinibatchOracle, PlateInfo, SubsampledPotential
+from .santa import Santa, SantaState, map_estimate, santa, santa_algorithm
+from .schedules import polynomial_annealing, robbins_monro
+from .sgfs import SGFS, SGFSState, sgfs
+from .sghmc import SGHMC, SGHMCState, sghmc
+from .sgld import PSGLD, SGLD, PSGLDState, SGLDState, psgld, sgld
 from .theory import lyapunov_covariance
-
-# TEMP(refactor in progress): modules not yet converted are skipped; removed before commit
-try:
-    from .ewsg import EWSG, EWSGVR, EWSGState, EWSGVRState, OverdampedEWSG, OverdampedEWSGState
-except ImportError as e:  # pragma: no cover
-    print("TEMP skip ewsg", e)
-try:
-    from .iasg import IASG, IASGState
-except ImportError as e:  # pragma: no cover
-    print("TEMP skip iasg", e)
-try:
-    from .santa import Santa, SantaState, map_estimate, polynomial_annealing, santa
-except ImportError as e:  # pragma: no cover
-    print("TEMP skip santa", e)
-try:
-    from .sgfs import SGFS, SGFSState
-except ImportError as e:  # pragma: no cover
-    print("TEMP skip sgfs", e)
-try:
-    from .sghmc import SGHMC, SGHMCState
-except ImportError as e:  # pragma: no cover
-    print("TEMP skip sghmc", e)
-try:
-    from .sgld import PSGLD, SGLD, PSGLDState, SGLDState, robbins_monro
-except ImportError as e:  # pragma: no cover
-    print("TEMP skip sgld", e)
-try:
-    from .vem import VariationalEM, VariationalEMState
-except ImportError as e:  # pragma: no cover
-    print("TEMP skip vem", e)
+from .vem import VariationalEM, VariationalEMState, variational_em
 
 __version__ = "0.1.0"
 
@@ -45,19 +23,16 @@ __all__ = [
     "EWSGState",
     "EWSGVR",
     "EWSGVRState",
-    "OverdampedEWSG",
-    "OverdampedEWSGState",
     "IASG",
     "IASGState",
+    "MinibatchOracle",
+    "OverdampedEWSG",
+    "OverdampedEWSGState",
     "PlateInfo",
     "PSGLD",
     "PSGLDState",
+    "SGAlgorithm",
     "SGFS",
-    "Santa",
-    "SantaState",
-    "map_estimate",
-    "polynomial_annealing",
-    "santa",
     "SGFSState",
     "SGHMC",
     "SGHMCState",
@@ -65,11 +40,27 @@ __all__ = [
     "SGLD",
     "SGLDState",
     "SGState",
+    "Santa",
+    "SantaState",
+    "StepInfo",
     "SubsampledPotential",
     "VariationalEM",
     "VariationalEMState",
+    "constant_sgd",
+    "ewsg",
+    "ewsg_vr",
     "fit_gaussian",
     "gaussian_kl",
+    "iasg",
     "lyapunov_covariance",
+    "map_estimate",
+    "polynomial_annealing",
+    "psgld",
     "robbins_monro",
+    "santa",
+    "santa_algorithm",
+    "sgfs",
+    "sghmc",
+    "sgld",
+    "variational_em",
 ]

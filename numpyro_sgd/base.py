@@ -50,7 +50,7 @@ from numpyro.util import find_stack_level, is_prng_key
 from .potential import SUBSAMPLE_METHODS, MinibatchOracle, SubsampledPotential, _SetPlateIndices, as_jax_args
 
 __all__ = ["SGState", "SGKernel", "SGAlgorithm", "StepInfo", "MinibatchOracle", "is_positive_scalar",
-           "pick_chain"]
+           "pick_chain", "renamed_keyword"]
 
 
 class StepInfo(NamedTuple):
@@ -141,6 +141,18 @@ def is_positive_scalar(value):
     except (TypeError, ValueError):
         return False
     return bool(np.isfinite(value) and value > 0)
+
+
+def renamed_keyword(name, new, new_value, default, old, old_value):
+    """The value of a keyword argument renamed from ``old`` to ``new`` (the old name keeps working for
+    one release, with a ``FutureWarning``); ``old_value`` is None when the old name was not used."""
+    if old_value is None:
+        return new_value
+    if new_value != default:
+        raise TypeError(f"{name}: got both `{new}` and its old name `{old}`; pass `{new}` only.")
+    warnings.warn(f"{name}: the keyword `{old}` is renamed `{new}` (one name per idea across the kernels); "
+                  f"`{old}` stops working in the next release.", FutureWarning, stacklevel=find_stack_level())
+    return old_value
 
 
 def pick_chain(state, chain=0):
@@ -268,6 +280,20 @@ class SGKernel(MCMCKernel):
         """How sampling-phase minibatches are drawn."""
         return self._subsample
 
+    @property
+    def warmup_subsample(self):
+        """How warmup minibatches are drawn."""
+        return self._warmup_subsample
+
+    @property
+    def init_strategy(self):
+        """The NumPyro init strategy of the initial values."""
+        return self._init_strategy
+
+    def build(self, potential):
+        """The kernel's :class:`SGAlgorithm` for a traced model (what wrappers compose)."""
+        return self._build(potential)
+
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_sample_fn"] = None
@@ -276,7 +302,7 @@ class SGKernel(MCMCKernel):
 
     def _get_algorithm(self):
         if self._algorithm is None:
-            self._algorithm = self._build(self.potential)
+            self._algorithm = self.build(self.potential)
         return self._algorithm
 
     def algorithm(self, rng_key, *model_args, **model_kwargs):
@@ -320,7 +346,7 @@ class SGKernel(MCMCKernel):
             self._model, model_args, model_kwargs, rng_key=rng_key,
             init_strategy=self._init_strategy, kernel_name=type(self).__name__,
         )
-        self._algorithm = self._build(self._potential)
+        self._algorithm = self.build(self._potential)
         if self._algorithm.window is not None:
             self._steps_per_sample = self._algorithm.window
         return self._algorithm
@@ -459,7 +485,10 @@ class SGKernel(MCMCKernel):
         else:
             state, theta = lax.cond(i < w, warmup, lambda c: sample_block(*c), (state, theta))
         if alg.end_block is not None:
-            state, theta = over_chains(self._end_block)(state, theta, sampling, model_args, model_kwargs)
+            def end_block(s, theta, sampling):
+                return self._end_block(s, theta, sampling, model_args, model_kwargs)
+
+            state, theta = over_chains(end_block)(state, theta, sampling)
         return state._replace(z=over_chains(view.unravel)(theta))
 
     def _end_block(self, state, theta, sampling, model_args, model_kwargs):

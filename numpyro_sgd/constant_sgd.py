@@ -25,7 +25,7 @@ from .noise import (
     psd_factor,
 )
 from .noise import discrete_time_correction as correction_factor
-from .warmup import WARMUP_DEFAULTS, WarmupState, check_warmup_options, noise_warmup
+from .warmup import WarmupState, check_warmup_options, noise_warmup
 
 __all__ = ["ConstantSGD", "ConstantSGDState", "constant_sgd", "constant_sgd_step"]
 

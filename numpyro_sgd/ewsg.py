@@ -13,20 +13,32 @@ prior included; ``n a_B`` of the paper is (√h/σ) ∇Û_B):
     r_{k+1} = r_k − h (∇Û_B(θ_k) + γ r_k) + σ √h ξ_k,   σ² = 2γ                   (Eq. 3)
 
 with x = √h γ r_k / σ (Sec. 4.4). The Metropolis chain over minibatches targets
-p_B ∝ exp(½‖x + n a_B‖²) (Eq. 4 restricted to the terms that depend on B).
+p_B ∝ exp(½‖x + n a_B‖²) (Eq. 4 restricted to the terms that depend on B); it lives in
+:mod:`numpyro_sgd.index_chain`.
+
+:func:`ewsg_update` is *the* underdamped step of the package: :class:`~numpyro_sgd.SGHMC` takes
+it with M = 0, so EWSG with ``num_index_steps=0`` is SGHMC by construction; likewise
+:func:`overdamped_ewsg_update` with M = 0 is the step of :class:`~numpyro_sgd.SGLD`.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax, random
 
-from .base import SGKernel, is_positive_scalar
+from .base import SGAlgorithm, SGKernel, StepInfo, is_positive_scalar
 from .diffusions import overdamped_langevin, underdamped_langevin, underdamped_langevin_matrix_friction
+from .index_chain import (
+    X_ESTIMATES,
+    count_index_moves,
+    describe_index_chain,
+    index_acceptance_rate,
+    index_chain,
+    select_minibatch,
+)
 
 __all__ = [
     "EWSG",
@@ -36,86 +48,152 @@ __all__ = [
     "EWSGVR",
     "EWSGVRState",
     "X_ESTIMATES",
+    "ewsg",
     "ewsg_step",
+    "ewsg_update",
+    "ewsg_vr",
+    "overdamped_ewsg",
     "overdamped_ewsg_step",
+    "overdamped_ewsg_update",
     "index_chain",
     "index_acceptance_rate",
 ]
 
-#: Stream id of the index chain's keys: ``fold_in(rng_key, _INDEX_CHAIN_STREAM)``. It must differ
-#: from 0 and 1: with JAX's default ``jax_threefry_partitionable=True``, ``fold_in(key, i)``
-#: equals ``split(key)[i]``, the keys of the first minibatch and of the Langevin noise.
-_INDEX_CHAIN_STREAM = 0x45575347  # "EWSG"
+
+# ---------------------------------------------------------------------------- the two steps
+def _underdamped_minibatch(rng_key, propose, num_index_steps, x_estimate, momentum, drift, step_size, sigma):
+    """Alg. 1's minibatch for an underdamped step: x of Sec. 4.4 from ``drift()`` (γ r_k or Γ_k r_k)
+    and n a_B = (√h/σ) ∇Û_B (Eq. 4, App. D)."""
+    return select_minibatch(rng_key, propose, num_index_steps,
+                            lambda: X_ESTIMATES[x_estimate](momentum, drift(), step_size, sigma),
+                            jnp.sqrt(step_size) / sigma)
 
 
-# ---------------------------------------------------------------------------- the x of Eq. 4
-def _x_momentum(momentum, drift, step_size, noise_scale):
-    # x = √h γ r_k / σ: the maximiser of the density of r_{k+1} − r_k when it peaks at 0 (Sec. 4.4)
-    return jnp.sqrt(step_size) * drift / noise_scale
+def ewsg_update(rng_key, theta, momentum, propose, step_size, friction, num_index_steps=1, x_estimate="momentum"):
+    """One step of underdamped Langevin with the minibatch of Alg. 1 (App. D), Euler–Maruyama Eq. 3.
 
+    The step of :class:`EWSG` and, with ``num_index_steps=0``, of :class:`~numpyro_sgd.SGHMC`.
 
-def _x_zero(momentum, drift, step_size, noise_scale):
-    return jnp.zeros_like(momentum)
-
-
-def _x_one(momentum, drift, step_size, noise_scale):
-    return jnp.ones_like(momentum)
-
-
-def _x_stop(momentum, drift, step_size, noise_scale):
-    # x = (−1 + hγ) r_k / (σ √h): the x of r_{k+1} = 0 (Fig. 1b)
-    return (step_size * drift - momentum) / (noise_scale * jnp.sqrt(step_size))
-
-
-#: The choices of x of the paper's Fig. 1b, by name. ``drift`` is γ r_k (Γ r_k for EWSG-VR),
-#: ``noise_scale`` is σ. The overdamped variant has no momentum and supports ``"zero"`` only.
-X_ESTIMATES = {"momentum": _x_momentum, "zero": _x_zero, "one": _x_one, "stop": _x_stop}
-
-
-# ---------------------------------------------------------------------------- the index chain
-def index_chain(rng_key, current, propose, log_weight, num_steps):
-    """``num_steps`` Metropolis steps over minibatches with uniform proposals (Eq. 6, App. D).
-
-    :param rng_key: key of the chain (one key per step is split from it).
-    :param current: pytree describing the current minibatch; ``log_weight(current)`` must work.
-        Every leaf is carried and replaced as a whole when a proposal is accepted.
-    :param propose: ``key -> pytree`` like ``current`` for a uniformly drawn minibatch
-        (one minibatch gradient per call).
-    :param log_weight: ``pytree -> log p_B`` up to a constant, ½‖x + n a_B‖².
-    :param int num_steps: M ≥ 0 (static).
-    :return: ``(accepted pytree, number of accepted moves)``.
+    :param rng_key: key of the step: ``split(rng_key)`` gives the keys of the first minibatch and
+        of the Langevin noise; the index chain uses ``fold_in(rng_key, _INDEX_CHAIN_STREAM)``.
+    :param theta: θ_k (flat).
+    :param momentum: r_k.
+    :param propose: ``key -> (Û_B(θ_k), ∇Û_B(θ_k), ...)`` for a uniformly drawn minibatch B (the
+        extra entries, e.g. its indices, are carried along).
+    :param step_size: h.
+    :param friction: γ (scalar).
+    :param int num_index_steps: M (static).
+    :param str x_estimate: a key of :data:`X_ESTIMATES`.
+    :return: ``(θ_{k+1}, r_{k+1}, the accepted minibatch's tuple, accepted index moves)``.
     """
-    if num_steps == 0:
-        return current, jnp.zeros((), jnp.int32)
-
-    def step(carry, key):
-        cur, cur_lw, accepted = carry
-        k_prop, k_acc = random.split(key)
-        new = propose(k_prop)                                            # j ← uniform
-        new_lw = log_weight(new)
-        # accept with probability min(1, exp(log p_j − log p_i)); a NaN weight is never accepted
-        u = random.uniform(k_acc, (), jnp.result_type(new_lw))
-        accept = jnp.log(u) < new_lw - cur_lw
-        cur = jax.tree.map(lambda a, b: jnp.where(accept, a, b), new, cur)
-        return (cur, jnp.where(accept, new_lw, cur_lw), accepted + accept.astype(jnp.int32)), None
-
-    (current, _, accepted), _ = lax.scan(
-        step, (current, log_weight(current), jnp.zeros((), jnp.int32)), random.split(rng_key, num_steps)
-    )
-    return current, accepted
+    k_noise = random.split(rng_key)[1]
+    sigma = jnp.sqrt(2.0 * friction)
+    current, accepted = _underdamped_minibatch(rng_key, propose, num_index_steps, x_estimate, momentum,
+                                               lambda: friction * momentum, step_size, sigma)   # Sec. 4.4, Eq. 6
+    theta, momentum = underdamped_langevin(k_noise, theta, momentum, current[1], step_size, friction)  # Eq. 3
+    return theta, momentum, current, accepted
 
 
-def index_acceptance_rate(state):
-    """Acceptance rate of the index chain so far: accepted / proposed index moves.
+def ewsg_step(rng_key, theta, momentum, minibatch_grad, step_size, friction, num_index_steps=1,
+              x_estimate="momentum"):
+    """One EWSG step: Alg. 1 of [1] with minibatches (App. D), Euler–Maruyama Eq. 3.
 
-    :param state: an :class:`~numpyro_sgd.base.SGState` (e.g. ``mcmc.last_state``) or the kernel
-        state of :class:`EWSG`, :class:`OverdampedEWSG` or :class:`EWSGVR` (any leading chain
-        dimensions are kept).
-    :return: array of rates (NaN where nothing was proposed, e.g. ``num_index_steps=0``).
+    :param rng_key: key of the step. ``split(rng_key)`` gives the keys of the first minibatch
+        and of the Langevin noise, exactly as :class:`~numpyro_sgd.SGHMC`; the index chain uses
+        ``fold_in(rng_key, _INDEX_CHAIN_STREAM)``. So ``num_index_steps=0`` is SGHMC, number for
+        number (both are :func:`ewsg_update`).
+    :param theta: θ_k (flat).
+    :param momentum: r_k.
+    :param minibatch_grad: ``key -> (Û_B(θ_k), ∇Û_B(θ_k))`` for a uniformly drawn minibatch B.
+    :param step_size: h.
+    :param friction: γ (scalar).
+    :param int num_index_steps: M (static).
+    :param str x_estimate: a key of :data:`X_ESTIMATES`.
+    :return: ``(θ_{k+1}, r_{k+1}, Û_B(θ_k), accepted index moves)``.
     """
-    ks = getattr(state, "kernel_state", state)
-    proposed = jnp.asarray(ks.num_index_proposed)
-    return jnp.where(proposed > 0, ks.num_index_accepted / jnp.maximum(proposed, 1), jnp.nan)
+    theta, momentum, current, accepted = ewsg_update(rng_key, theta, momentum, minibatch_grad, step_size, friction,
+                                                     num_index_steps, x_estimate)
+    return theta, momentum, current[0], accepted
+
+
+def overdamped_ewsg_update(rng_key, theta, propose, step_size, num_index_steps, temperature):
+    """One overdamped Langevin step (Welling & Teh Eq. 4) with the minibatch of App. E, ε = 2h.
+
+    The step of :class:`OverdampedEWSG` (temperature 1) and, with ``num_index_steps=0``, of
+    :class:`~numpyro_sgd.SGLD`. ``propose`` and the keys are as in :func:`ewsg_update`; the
+    index chain's weights (x = 0, n a_B = (√ε/2) ∇Û_B) assume temperature 1.
+
+    :return: ``(θ_{k+1}, the accepted minibatch's tuple, accepted index moves)``.
+    """
+    k_noise = random.split(rng_key)[1]                                     # SGLD's keys
+    current, accepted = select_minibatch(rng_key, propose, num_index_steps, lambda: jnp.zeros_like(theta),
+                                         0.5 * jnp.sqrt(step_size))
+    theta = overdamped_langevin(k_noise, theta, current[1], step_size, temperature)
+    return theta, current, accepted
+
+
+def overdamped_ewsg_step(rng_key, theta, minibatch_grad, step_size, num_index_steps=1):
+    """One step of EWSG for overdamped Langevin (App. E of [1]) in SGLD's units, ε = 2h.
+
+    App. E: θ_{k+1} = θ_k − h ∇Ṽ + √(2h) ξ, x = (θ_{k+1} − θ_k)/√(2h), a_i = √h ∇V_i/√2,
+    p_B ∝ exp(½‖x + n a_B‖²). With ε = 2h: n a_B = (√ε/2) ∇Û_B and x = 0 (θ_{k+1} = θ_k, the
+    analogue of the heuristic r_{k+1} = r_k of Sec. 4.4; App. E gives no x). ``num_index_steps=0``
+    is :class:`~numpyro_sgd.SGLD` at temperature 1, number for number.
+
+    :return: ``(θ_{k+1}, Û_B(θ_k), accepted index moves)``.
+    """
+    theta, current, accepted = overdamped_ewsg_update(rng_key, theta, minibatch_grad, step_size, num_index_steps,
+                                                      jnp.ones((), jnp.result_type(theta)))
+    return theta, current[0], accepted
+
+
+# ---------------------------------------------------------------------------- validation
+def check_friction(name, friction):
+    """Raise unless γ is a positive scalar (SGHMC and the EWSG kernels)."""
+    if not is_positive_scalar(friction):
+        raise ValueError(f"{name}: friction must be a positive float (γ; σ² = 2γ), got {friction!r}.")
+
+
+def check_step_size(name, step_size):
+    """Raise unless h (or ε) is a positive scalar."""
+    if not is_positive_scalar(step_size):
+        raise ValueError(f"{name}: step_size must be a positive float, got {step_size!r}.")
+
+
+class _IndexChainKernel(SGKernel):
+    """What the three EWSG kernels share: validation of h, M, x (and γ for the underdamped ones);
+    ``_build`` calls the kernel's ``_builder`` with the validated options."""
+
+    def __init__(self, model, step_size, num_index_steps, *, underdamped, friction=None, x_estimate="zero", **kwargs):
+        super().__init__(model, **kwargs)
+        name = type(self).__name__
+        allowed_x = tuple(X_ESTIMATES) if underdamped else ("zero",)
+        check_step_size(name, step_size)
+        if (isinstance(num_index_steps, bool) or not isinstance(num_index_steps, (int, np.integer))
+                or num_index_steps < 0):
+            raise ValueError(
+                f"{name}: num_index_steps must be an integer >= 0 (M, the Metropolis steps over minibatches per "
+                f"step; 0 gives the uniform-minibatch sampler), got {num_index_steps!r}."
+            )
+        if not isinstance(x_estimate, str) or x_estimate not in allowed_x:
+            raise ValueError(f"{name}: x_estimate must be one of {allowed_x}, got {x_estimate!r}.")
+        if num_index_steps > 0 and self._warmup_subsample == "shuffle":
+            raise ValueError(
+                f"{name}: warmup_subsample='shuffle' gives every proposal of the index chain the same minibatch "
+                "(the shuffled minibatch depends only on the step); use 'with_replacement' or 'without_replacement'."
+            )
+        self._options = dict(step_size=float(step_size), num_index_steps=int(num_index_steps))
+        if underdamped:
+            check_friction(name, friction)
+            self._options.update(friction=float(friction), x_estimate=x_estimate)
+
+    @property
+    def num_index_steps(self):
+        """M, the Metropolis steps over minibatches per step."""
+        return self._options["num_index_steps"]
+
+    def _build(self, potential):
+        return self._builder(potential, **self._options)
 
 
 # ---------------------------------------------------------------------------- EWSG (Alg. 1)
@@ -134,72 +212,30 @@ class EWSGState(NamedTuple):
     num_index_proposed: jnp.ndarray
 
 
-def ewsg_step(rng_key, theta, momentum, minibatch_grad, step_size, friction, num_index_steps=1,
-              x_estimate="momentum"):
-    """One EWSG step: Alg. 1 of [1] with minibatches (App. D), Euler–Maruyama Eq. 3.
+def ewsg(potential, step_size, friction, num_index_steps=1, x_estimate="momentum"):
+    """The EWSG algorithm (:class:`EWSG`) for a traced model.
 
-    :param rng_key: key of the step. ``split(rng_key)`` gives the keys of the first minibatch
-        and of the Langevin noise, exactly as :class:`~numpyro_sgd.SGHMC`; the index chain uses
-        ``fold_in(rng_key, _INDEX_CHAIN_STREAM)``. So ``num_index_steps=0`` is SGHMC, number for
-        number.
-    :param theta: θ_k (flat).
-    :param momentum: r_k.
-    :param minibatch_grad: ``key -> (Û_B(θ_k), ∇Û_B(θ_k))`` for a uniformly drawn minibatch B.
-    :param step_size: h.
-    :param friction: γ (scalar).
-    :param int num_index_steps: M (static).
-    :param str x_estimate: a key of :data:`X_ESTIMATES`.
-    :return: ``(θ_{k+1}, r_{k+1}, Û_B(θ_k), accepted index moves)``.
+    :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential`.
+    :return: :class:`~numpyro_sgd.base.SGAlgorithm` (no adaptation: warmup is burn-in).
     """
-    k_idx, k_noise = random.split(rng_key)
-    sigma = jnp.sqrt(2.0 * friction)
-    current = minibatch_grad(k_idx)                                       # B ← uniform, ∇Û_B(θ_k)
-    if num_index_steps > 0:
-        x = X_ESTIMATES[x_estimate](momentum, friction * momentum, step_size, sigma)   # Sec. 4.4
-        current, accepted = _index_chain_for(rng_key, current, minibatch_grad, x, jnp.sqrt(step_size) / sigma,
-                                             num_index_steps)            # Eq. 6, M times
-    else:
-        accepted = jnp.zeros((), jnp.int32)
-    pe, grad = current
-    theta, momentum = underdamped_langevin(k_noise, theta, momentum, grad, step_size, friction)  # Eq. 3
-    return theta, momentum, pe, accepted
+    m = num_index_steps
+
+    def init(rng_key, theta, num_warmup_steps):
+        momentum = random.normal(rng_key, theta.shape, theta.dtype)  # as SGHMC
+        zero = jnp.zeros((), jnp.int32)
+        return EWSGState(momentum, jnp.asarray(step_size, theta.dtype), jnp.asarray(friction, theta.dtype), zero, zero)
+
+    def step(rng_key, i, theta, state, oracle):
+        theta, momentum, (pe, _, indices), accepted = ewsg_update(
+            rng_key, theta, state.momentum, lambda key: oracle.grad(key, theta), state.step_size, state.friction, m,
+            x_estimate)
+        state = count_index_moves(state._replace(momentum=momentum), accepted, m)
+        return theta, state, StepInfo(pe, (m + 1) * oracle.batch_size, indices)
+
+    return SGAlgorithm(init, step, step, describe=describe_index_chain)
 
 
-def _index_chain_for(rng_key, current, propose, x, scale, num_index_steps, grad_of=lambda c: c[1]):
-    """The M-step index chain of Alg. 1 with log p_B = ½‖x + scale·∇Û_B‖² (Eq. 4, 6, App. D);
-    ``scale`` · ∇Û_B is the paper's n a_B. Its keys come from ``fold_in(rng_key, _INDEX_CHAIN_STREAM)``."""
-
-    def log_weight(c):
-        return 0.5 * jnp.sum((x + scale * grad_of(c)) ** 2)
-
-    return index_chain(random.fold_in(rng_key, _INDEX_CHAIN_STREAM), current, propose, log_weight,
-                       num_index_steps)
-
-
-def _check_common(name, step_size, num_index_steps, x_estimate, allowed_x, kwargs):
-    if not is_positive_scalar(step_size):
-        raise ValueError(f"{name}: step_size must be a positive float, got {step_size!r}.")
-    if (isinstance(num_index_steps, bool) or not isinstance(num_index_steps, (int, np.integer))
-            or num_index_steps < 0):
-        raise ValueError(
-            f"{name}: num_index_steps must be an integer >= 0 (M, the Metropolis steps over minibatches per "
-            f"step; 0 gives the uniform-minibatch sampler), got {num_index_steps!r}."
-        )
-    if not isinstance(x_estimate, str) or x_estimate not in allowed_x:
-        raise ValueError(f"{name}: x_estimate must be one of {allowed_x}, got {x_estimate!r}.")
-    if num_index_steps > 0 and kwargs.get("warmup_subsample") == "shuffle":
-        raise ValueError(
-            f"{name}: warmup_subsample='shuffle' gives every proposal of the index chain the same minibatch "
-            "(the shuffled minibatch depends only on the step); use 'with_replacement' or 'without_replacement'."
-        )
-
-
-def _index_diagnostics(ks):
-    rate = float(index_acceptance_rate(ks))
-    return "" if np.isnan(rate) else f"index acceptance {rate:.2f}"
-
-
-class EWSG(SGKernel):
+class EWSG(_IndexChainKernel):
     """Underdamped Langevin (SGHMC/SGULD) with exponentially weighted stochastic gradients.
 
     Each step draws a minibatch uniformly, runs ``num_index_steps`` Metropolis steps over
@@ -281,47 +317,12 @@ class EWSG(SGKernel):
         True
     """
 
-    _adapts = False
-
     def __init__(self, model, step_size, friction, num_index_steps=1, *, x_estimate="momentum", **kwargs):
-        super().__init__(model, **kwargs)
-        name = type(self).__name__
-        _check_common(name, step_size, num_index_steps, x_estimate, tuple(X_ESTIMATES), kwargs)
-        if not is_positive_scalar(friction):
-            raise ValueError(f"{name}: friction must be a positive float (γ; σ² = 2γ), got {friction!r}.")
-        self._step_size = float(step_size)
-        self._friction = float(friction)
-        self._num_index_steps = int(num_index_steps)
-        self._x_estimate = x_estimate
+        super().__init__(model, step_size, num_index_steps, underdamped=True, friction=friction, x_estimate=x_estimate,
+                         **kwargs)
 
-    @property
-    def num_index_steps(self):
-        """M, the Metropolis steps over minibatches per step."""
-        return self._num_index_steps
-
-    def _init_kernel_state(self, rng_key, theta, potential, num_warmup_steps):
-        momentum = random.normal(rng_key, theta.shape, theta.dtype)  # as SGHMC
-        zero = jnp.zeros((), jnp.int32)
-        return EWSGState(momentum, jnp.asarray(self._step_size, theta.dtype),
-                         jnp.asarray(self._friction, theta.dtype), zero, zero)
-
-    def _sample_update(self, rng_key, step, theta, ks, oracle):
-        m = self._num_index_steps
-        theta, momentum, pe, accepted = ewsg_step(
-            rng_key, theta, ks.momentum, lambda key: oracle.grad(key, theta), ks.step_size, ks.friction,
-            m, self._x_estimate,
-        )
-        ks = ks._replace(momentum=momentum, num_index_accepted=ks.num_index_accepted + accepted,
-                         num_index_proposed=ks.num_index_proposed + m)
-        return theta, ks, pe, (m + 1) * oracle.batch_size
-
-    _warmup_update = _sample_update
-
-    def _end_warmup(self, ks, theta, oracle):
-        return ks
-
-    def _diagnostics(self, ks):
-        return _index_diagnostics(ks)
+    #: the algorithm builder, called with the validated options
+    _builder = staticmethod(ewsg)
 
 
 # ---------------------------------------------------------------------------- overdamped (App. E)
@@ -336,29 +337,28 @@ class OverdampedEWSGState(NamedTuple):
     num_index_proposed: jnp.ndarray
 
 
-def overdamped_ewsg_step(rng_key, theta, minibatch_grad, step_size, num_index_steps=1):
-    """One step of EWSG for overdamped Langevin (App. E of [1]) in SGLD's units, ε = 2h.
+def overdamped_ewsg(potential, step_size, num_index_steps=1):
+    """The overdamped EWSG algorithm (:class:`OverdampedEWSG`) for a traced model.
 
-    App. E: θ_{k+1} = θ_k − h ∇Ṽ + √(2h) ξ, x = (θ_{k+1} − θ_k)/√(2h), a_i = √h ∇V_i/√2,
-    p_B ∝ exp(½‖x + n a_B‖²). With ε = 2h: n a_B = (√ε/2) ∇Û_B and x = 0 (θ_{k+1} = θ_k, the
-    analogue of the heuristic r_{k+1} = r_k of Sec. 4.4; App. E gives no x). ``num_index_steps=0``
-    is :class:`~numpyro_sgd.SGLD` at temperature 1, number for number.
-
-    :return: ``(θ_{k+1}, Û_B(θ_k), accepted index moves)``.
+    :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential`.
+    :return: :class:`~numpyro_sgd.base.SGAlgorithm` (no adaptation: warmup is burn-in).
     """
-    k_idx, k_noise = random.split(rng_key)                                 # SGLD's keys
-    current = minibatch_grad(k_idx)                                       # B ← uniform
-    if num_index_steps > 0:
-        current, accepted = _index_chain_for(rng_key, current, minibatch_grad, jnp.zeros_like(theta),
-                                             0.5 * jnp.sqrt(step_size), num_index_steps)
-    else:
-        accepted = jnp.zeros((), jnp.int32)
-    pe, grad = current
-    theta = overdamped_langevin(k_noise, theta, grad, step_size, jnp.ones((), jnp.result_type(theta)))
-    return theta, pe, accepted
+    m = num_index_steps
+
+    def init(rng_key, theta, num_warmup_steps):
+        zero = jnp.zeros((), jnp.int32)
+        return OverdampedEWSGState(jnp.asarray(step_size, theta.dtype), zero, zero)
+
+    def step(rng_key, i, theta, state, oracle):
+        theta, (pe, _, indices), accepted = overdamped_ewsg_update(
+            rng_key, theta, lambda key: oracle.grad(key, theta), state.step_size, m,
+            jnp.ones((), jnp.result_type(theta)))
+        return theta, count_index_moves(state, accepted, m), StepInfo(pe, (m + 1) * oracle.batch_size, indices)
+
+    return SGAlgorithm(init, step, step, describe=describe_index_chain)
 
 
-class OverdampedEWSG(SGKernel):
+class OverdampedEWSG(_IndexChainKernel):
     """EWSG on overdamped Langevin: SGLD whose minibatch is chosen by the index chain of EWSG.
 
     **References:**
@@ -388,38 +388,11 @@ class OverdampedEWSG(SGKernel):
     :param kwargs: see :class:`~numpyro_sgd.base.SGKernel`.
     """
 
-    _adapts = False
-
     def __init__(self, model, step_size, num_index_steps=1, **kwargs):
-        super().__init__(model, **kwargs)
-        _check_common(type(self).__name__, step_size, num_index_steps, "zero", ("zero",), kwargs)
-        self._step_size = float(step_size)
-        self._num_index_steps = int(num_index_steps)
+        super().__init__(model, step_size, num_index_steps, underdamped=False, **kwargs)
 
-    @property
-    def num_index_steps(self):
-        """M, the Metropolis steps over minibatches per step."""
-        return self._num_index_steps
-
-    def _init_kernel_state(self, rng_key, theta, potential, num_warmup_steps):
-        zero = jnp.zeros((), jnp.int32)
-        return OverdampedEWSGState(jnp.asarray(self._step_size, theta.dtype), zero, zero)
-
-    def _sample_update(self, rng_key, step, theta, ks, oracle):
-        m = self._num_index_steps
-        theta, pe, accepted = overdamped_ewsg_step(rng_key, theta, lambda key: oracle.grad(key, theta),
-                                                   ks.step_size, m)
-        ks = ks._replace(num_index_accepted=ks.num_index_accepted + accepted,
-                         num_index_proposed=ks.num_index_proposed + m)
-        return theta, ks, pe, (m + 1) * oracle.batch_size
-
-    _warmup_update = _sample_update
-
-    def _end_warmup(self, ks, theta, oracle):
-        return ks
-
-    def _diagnostics(self, ks):
-        return _index_diagnostics(ks)
+    #: the algorithm builder, called with the validated options
+    _builder = staticmethod(overdamped_ewsg)
 
 
 # ---------------------------------------------------------------------------- EWSG-VR (App. F)
@@ -450,7 +423,90 @@ class EWSGVRState(NamedTuple):
     num_index_proposed: jnp.ndarray
 
 
-class EWSGVR(SGKernel):
+def ewsg_vr(potential, step_size, friction, num_index_steps=1, x_estimate="momentum", calibration_period=1,
+            chunk_size=4096, name="EWSGVR"):
+    """The EWSG-VR algorithm (:class:`EWSGVR`, Alg. 2) for a traced model with one subsample plate.
+
+    :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential`.
+    :return: :class:`~numpyro_sgd.base.SGAlgorithm` (no adaptation: warmup is burn-in).
+    """
+    if len(potential.plates) != 1:
+        raise ValueError(
+            f"{name}: the model has {len(potential.plates)} subsample plates; EWSG-VR's "
+            "full-data calibration supports one. Subsample a single plate (or use EWSG)."
+        )
+    m, s, n = num_index_steps, potential.batch_size, potential.num_data
+    plate = potential.plates[0]
+
+    def full_moments(theta, oracle):
+        """m1 = (1/N) Σ_i g_i and m2 = (1/N) Σ_i g_i g_iᵀ with g_i = ∇Û_{i} (= n ∇V_i), all N data."""
+        size, c = plate.size, min(chunk_size, plate.size)
+        num_chunks = -(-size // c)
+        idx = jnp.arange(num_chunks * c).reshape(num_chunks, c)
+
+        def chunk(ids):
+            mask = (ids < size).astype(theta.dtype)
+            _, _, (rows,) = oracle.per_example_grads(theta, {plate.name: jnp.minimum(ids, size - 1)})
+            rows = rows * mask[:, None]
+            return jnp.sum(rows, 0), rows.T @ rows
+
+        s1, s2 = lax.map(chunk, idx)
+        return jnp.sum(s1, 0) / size, jnp.sum(s2, 0) / size
+
+    def init(rng_key, theta, num_warmup_steps):
+        dt, d = theta.dtype, theta.shape[0]
+        momentum = random.normal(rng_key, theta.shape, dt)
+        steps_per_pass = -(-n // ((m + 1) * s))
+        period = jnp.asarray(calibration_period * steps_per_pass, jnp.int32)
+        zero = jnp.zeros((), jnp.int32)
+        return EWSGVRState(
+            momentum, jnp.asarray(step_size, dt), jnp.asarray(friction, dt),
+            friction * jnp.eye(d, dtype=dt), jnp.zeros(d, dt), jnp.zeros((d, d), dt), theta,
+            period, period, zero, zero,
+        )
+
+    def step(rng_key, i, theta, state, oracle):
+        k_noise = random.split(rng_key)[1]
+        sigma = jnp.sqrt(2.0 * state.friction)
+
+        # lines 5–7: every L passes, m1, m2 from all data at ω ← θ_k
+        calibrate = state.steps_since_calibration >= state.calibration_period
+        m1, m2 = lax.cond(calibrate, lambda: full_moments(theta, oracle),
+                          lambda: (state.mean_grad, state.second_moment))
+        anchor = jnp.where(calibrate, theta, state.anchor)
+
+        # lines 10–14: the index chain, carrying the per-datum gradients of the current minibatch
+        def propose(key):
+            idx = oracle.draw(key)
+            pe, grad, (rows,) = oracle.per_example_grads(theta, idx)
+            return pe, grad, rows, idx
+
+        (pe, grad, rows, idx), accepted = _underdamped_minibatch(
+            rng_key, propose, m, x_estimate, state.momentum, lambda: state.friction_matrix @ state.momentum,
+            state.step_size, sigma)
+
+        # line 15: Euler–Maruyama step (Eq. 3) with friction matrix Γ_k
+        new_theta, momentum = underdamped_langevin_matrix_friction(k_noise, theta, state.momentum, grad,
+                                                                   state.step_size, state.friction_matrix, sigma)
+        # lines 16–19: SVRG-type update of m1, m2 with the anchor's per-datum gradients
+        _, _, (rows_w,) = oracle.per_example_grads(anchor, idx)
+        m1 = m1 + jnp.sum(rows - rows_w, 0) / n
+        m2 = m2 + (rows.T @ rows - rows_w.T @ rows_w) / n
+        cov = m2 - jnp.outer(m1, m1)
+        d = theta.shape[0]
+        gamma = 0.5 * (sigma**2 * jnp.eye(d, dtype=theta.dtype) + state.step_size * cov / s)
+
+        state = count_index_moves(state._replace(
+            momentum=momentum, friction_matrix=gamma, mean_grad=m1, second_moment=m2, anchor=anchor,
+            steps_since_calibration=jnp.where(calibrate, 1, state.steps_since_calibration + 1),
+        ), accepted, m)
+        evals = (m + 2) * s + jnp.where(calibrate, n, 0)
+        return new_theta, state, StepInfo(pe, evals, idx)
+
+    return SGAlgorithm(init, step, step, describe=describe_index_chain)
+
+
+class EWSGVR(_IndexChainKernel):
     """EWSG with SVRG-type variance compensation, EWSG-VR (App. F, Alg. 2 of the EWSG paper).
 
     The step is the one of :class:`EWSG` with a friction *matrix* Γ_k = (σ² I + h Ĉ/S)/2 in
@@ -509,109 +565,15 @@ class EWSGVR(SGKernel):
     :param kwargs: see :class:`~numpyro_sgd.base.SGKernel`.
     """
 
-    _adapts = False
-
     def __init__(self, model, step_size, friction, num_index_steps=1, *, calibration_period=1,
                  x_estimate="momentum", chunk_size=4096, **kwargs):
-        super().__init__(model, **kwargs)
-        name = type(self).__name__
-        _check_common(name, step_size, num_index_steps, x_estimate, tuple(X_ESTIMATES), kwargs)
-        if not is_positive_scalar(friction):
-            raise ValueError(f"{name}: friction must be a positive float (γ; σ² = 2γ), got {friction!r}.")
+        super().__init__(model, step_size, num_index_steps, underdamped=True, friction=friction, x_estimate=x_estimate,
+                         **kwargs)
         for arg, value in (("calibration_period", calibration_period), ("chunk_size", chunk_size)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"{name}: {arg} must be an integer >= 1, got {value!r}.")
-        self._step_size, self._friction = float(step_size), float(friction)
-        self._num_index_steps = int(num_index_steps)
-        self._calibration_period = int(calibration_period)
-        self._x_estimate = x_estimate
-        self._chunk_size = int(chunk_size)
+                raise ValueError(f"{type(self).__name__}: {arg} must be an integer >= 1, got {value!r}.")
+        self._options.update(calibration_period=int(calibration_period), chunk_size=int(chunk_size),
+                             name=type(self).__name__)
 
-    def _check_setup(self, potential, num_warmup_steps):
-        if len(potential.plates) != 1:
-            raise ValueError(
-                f"{type(self).__name__}: the model has {len(potential.plates)} subsample plates; EWSG-VR's "
-                "full-data calibration supports one. Subsample a single plate (or use EWSG)."
-            )
-
-    def _init_kernel_state(self, rng_key, theta, potential, num_warmup_steps):
-        dt, d = theta.dtype, theta.shape[0]
-        momentum = random.normal(rng_key, theta.shape, dt)
-        steps_per_pass = -(-potential.num_data // ((self._num_index_steps + 1) * potential.batch_size))
-        period = jnp.asarray(self._calibration_period * steps_per_pass, jnp.int32)
-        zero = jnp.zeros((), jnp.int32)
-        return EWSGVRState(
-            momentum, jnp.asarray(self._step_size, dt), jnp.asarray(self._friction, dt),
-            self._friction * jnp.eye(d, dtype=dt), jnp.zeros(d, dt), jnp.zeros((d, d), dt), theta,
-            period, period, zero, zero,
-        )
-
-    def _full_moments(self, theta, oracle):
-        """m1 = (1/N) Σ_i g_i and m2 = (1/N) Σ_i g_i g_iᵀ with g_i = ∇Û_{i} (= n ∇V_i), all N data."""
-        plate = oracle.potential.plates[0]
-        n, c = plate.size, min(self._chunk_size, plate.size)
-        num_chunks = -(-n // c)
-        idx = jnp.arange(num_chunks * c).reshape(num_chunks, c)
-
-        def chunk(ids):
-            mask = (ids < n).astype(theta.dtype)
-            _, _, (rows,) = oracle.per_example_grads(theta, {plate.name: jnp.minimum(ids, n - 1)})
-            rows = rows * mask[:, None]
-            return jnp.sum(rows, 0), rows.T @ rows
-
-        s1, s2 = lax.map(chunk, idx)
-        return jnp.sum(s1, 0) / n, jnp.sum(s2, 0) / n
-
-    def _sample_update(self, rng_key, step, theta, ks, oracle):
-        m, s = self._num_index_steps, oracle.batch_size
-        n = oracle.potential.num_data
-        k_idx, k_noise = random.split(rng_key)
-        sigma = jnp.sqrt(2.0 * ks.friction)
-
-        # lines 5–7: every L passes, m1, m2 from all data at ω ← θ_k
-        calibrate = ks.steps_since_calibration >= ks.calibration_period
-        m1, m2 = lax.cond(calibrate, lambda: self._full_moments(theta, oracle),
-                          lambda: (ks.mean_grad, ks.second_moment))
-        anchor = jnp.where(calibrate, theta, ks.anchor)
-
-        # lines 10–14: the index chain, carrying the per-datum gradients of the current minibatch
-        def propose(key):
-            idx = oracle.draw(key)
-            pe, grad, (rows,) = oracle.per_example_grads(theta, idx)
-            return pe, grad, rows, idx
-
-        current = propose(k_idx)
-        if m > 0:
-            gamma_r = ks.friction_matrix @ ks.momentum
-            x = X_ESTIMATES[self._x_estimate](ks.momentum, gamma_r, ks.step_size, sigma)
-            current, accepted = _index_chain_for(rng_key, current, propose, x, jnp.sqrt(ks.step_size) / sigma, m)
-        else:
-            accepted = jnp.zeros((), jnp.int32)
-        pe, grad, rows, idx = current
-
-        # line 15: Euler–Maruyama step (Eq. 3) with friction matrix Γ_k
-        new_theta, momentum = underdamped_langevin_matrix_friction(k_noise, theta, ks.momentum, grad,
-                                                                   ks.step_size, ks.friction_matrix, sigma)
-        # lines 16–19: SVRG-type update of m1, m2 with the anchor's per-datum gradients
-        _, _, (rows_w,) = oracle.per_example_grads(anchor, idx)
-        m1 = m1 + jnp.sum(rows - rows_w, 0) / n
-        m2 = m2 + (rows.T @ rows - rows_w.T @ rows_w) / n
-        cov = m2 - jnp.outer(m1, m1)
-        d = theta.shape[0]
-        gamma = 0.5 * (sigma**2 * jnp.eye(d, dtype=theta.dtype) + ks.step_size * cov / s)
-
-        ks = ks._replace(
-            momentum=momentum, friction_matrix=gamma, mean_grad=m1, second_moment=m2, anchor=anchor,
-            steps_since_calibration=jnp.where(calibrate, 1, ks.steps_since_calibration + 1),
-            num_index_accepted=ks.num_index_accepted + accepted, num_index_proposed=ks.num_index_proposed + m,
-        )
-        evals = (m + 2) * s + jnp.where(calibrate, n, 0)
-        return new_theta, ks, pe, evals
-
-    _warmup_update = _sample_update
-
-    def _end_warmup(self, ks, theta, oracle):
-        return ks
-
-    def _diagnostics(self, ks):
-        return _index_diagnostics(ks)
+    #: the algorithm builder, called with the validated options
+    _builder = staticmethod(ewsg_vr)

@@ -7,12 +7,13 @@ Algorithm (ALGORITHMS.md, "IASG"):
     sample   repeat T = N/S times:  θ_t = θ_{t−1} − ε H ĝ_S(θ_{t−1})        (Alg. 1, SGD step)
              return μ = (1/T) Σ_{t'<T} θ_{t−t'}                               (Alg. 1, average)
 
-One returned sample is one window: T SG steps in one compiled loop, N per-datum gradients.
+One returned sample is one window: T SG steps in one compiled loop (the algorithm's ``window``),
+N per-datum gradients. ``start_block`` restarts the window's sums from the last iterate,
+``end_block`` returns their mean.
 """
 
 from __future__ import annotations
 
-import math
 import warnings
 from typing import NamedTuple
 
@@ -21,12 +22,12 @@ import jax.numpy as jnp
 from jax.scipy.linalg import cho_solve
 from numpyro.util import find_stack_level
 
-from .base import is_positive_scalar
-from .noise import apply_preconditioner, regularized_cholesky
-from .theory import averaged_variance_shortfall
-from .warmup import NoiseAdaptingKernel, WarmupState
+from .base import SGAlgorithm, SGKernel, StepInfo, is_positive_scalar, pick_chain
+from .noise import apply_preconditioner, fisher_curvature, regularized_cholesky
+from .theory import averaged_variance_shortfall, iasg_validity, iterate_average_covariance
+from .warmup import WarmupState, check_warmup_options, noise_warmup
 
-__all__ = ["IASG", "IASGState", "default_step_product"]
+__all__ = ["IASG", "IASGState", "ValidityWarning", "iasg", "default_step_product"]
 
 IASG_PRECONDITIONERS = (None, "diag", "full")
 
@@ -46,7 +47,7 @@ def default_step_product(error, window):
 
 
 class IASGState(NamedTuple):
-    """Kernel state of :class:`IASG` (one chain)."""
+    """State of the :func:`iasg` algorithm (one chain)."""
 
     #: P = (ε/N) H of θ ← θ − P ∇Û_S: () without preconditioner, (D,) diag, (D, D) full
     preconditioner: jnp.ndarray
@@ -56,21 +57,194 @@ class IASGState(NamedTuple):
     user_step_size: jnp.ndarray
     #: curvature estimate A_U ≈ Σ_p (S_p/N_p) Q_p + ∇²U_prior (A5), (D, D) or its diagonal (D,)
     curvature: jnp.ndarray
-    #: smallest / largest eigenvalue of H A (A = A_U / N) at the end of warmup
+    #: smallest eigenvalue of H A (A = A_U / N) at the end of warmup
     eig_min: jnp.ndarray
+    #: largest eigenvalue of H A at the end of warmup
     eig_max: jnp.ndarray
     #: estimated gradient-noise covariance Q of ∇Û_S, frozen after warmup
     noise_cov: jnp.ndarray
     #: the last SGD iterate (the chain continues from it; the sample field holds the average)
     iterate: jnp.ndarray
-    #: Σ of the iterates of the current window and how many were taken
+    #: Σ of the iterates of the current window
     iterate_sum: jnp.ndarray
+    #: how many iterates ``iterate_sum`` holds
     num_averaged: jnp.ndarray
     #: warmup state (see :mod:`numpyro_sgd.warmup`)
     warmup: WarmupState
 
 
-class IASG(NoiseAdaptingKernel):
+class ValidityWarning:
+    """The host callback ``(eps, eig_min, eig_max, window)`` of the end of warmup: a Python warning
+    when ε and T fall outside Eq. 46–47, once until :meth:`rearm` (the builder re-arms it, i.e.
+    once per run; every chain and every re-freeze of a run calls it).
+
+    A compiled program can outlive the algorithm that was traced into it (MCMC reuses it for the
+    next run), so a kernel creates one instance and hands it to every build. It holds plain
+    Python values only (it pickles).
+    """
+
+    def __init__(self, name, window_error, user_step_size):
+        self.name, self.window_error, self.user_step_size = name, window_error, user_step_size
+        self.warned = False
+
+    def rearm(self):
+        self.warned = False
+
+    def __call__(self, eps, lo, hi, window):
+        import numpy as np
+
+        if self.warned:
+            return
+        eps, lo, hi = float(np.max(eps)), float(np.min(lo)), float(np.max(hi))
+        if not (np.isfinite(eps) and np.isfinite(lo) and np.isfinite(hi) and lo > 0):
+            return
+        v = iasg_validity(eps, int(np.max(window)), lo, hi)
+        limit = max(2 * self.window_error, 0.1)
+        problems = []
+        if v["stability"] >= 2:
+            problems.append(f"ε λ_max = {v['stability']:.3g} ≥ 2: the SGD iterates diverge (Eq. 47); lower step_size "
+                            f"below {2 / hi:.3g}")
+        elif v["stiff_error"] < -limit:
+            problems.append(f"ε λ_max = {v['stability']:.3g}: the samples' variance along the stiffest direction is "
+                            f"about {-100 * v['stiff_error']:.0f} % too large; lower step_size towards {1 / hi:.3g}")
+        if v["window_error"] > limit:
+            problems.append(
+                f"ε T λ_min = {v['window_product']:.3g}: the samples' variance along the least-constrained "
+                f"direction is about {100 * v['window_error']:.0f} % too small (Eq. 46; condition number "
+                f"λ_max/λ_min = {hi / lo:.3g} vs T = {v['window']}). "
+                + ("Increase step_size (below 2/λ_max) or use the default" if self.user_step_size
+                   else "Use preconditioner='full' (H ≈ A⁻¹) or more data per window")
+            )
+        if problems:
+            self.warned = True
+            warnings.warn(f"{self.name}: step size ε = {eps:.3g} and window T = {v['window']} are outside the "
+                          "validity window of Mandt et al. Eq. 46–47: " + "; ".join(problems) + ".", stacklevel=2)
+
+
+def _resolve_window(potential, window, window_error, step_size, name):
+    """T (default ⌈N/S⌉) and the u* = ε λ_min of the default ε, warning where the averaging
+    theory does not apply (a short window) or the samples are not posterior draws (T ≠ N/S)."""
+    n, s = potential.num_data, potential.batch_size
+    one_pass = -(-n // s)  # ⌈N/S⌉
+    t = window or one_pass
+    step_product = default_step_product(window_error, t)
+    if step_size is None and step_product > 0.25:
+        warnings.warn(
+            f"{name}: the window T = {t} is short (N = {n}, S = {s}): "
+            f"a {100 * window_error:.0g} % variance shortfall needs ε λ ≈ {step_product:.2f}, "
+            "far outside the small-step regime (A1–A4) the averaging theory assumes; on non-Gaussian "
+            "posteriors expect biased means and sds (the iterates spread over T × the posterior). "
+            "IASG needs N/S ≫ 20 × the condition number (Eq. 47): use a smaller subsample_size, "
+            "or ConstantSGD(model, 'full') for small data sets.",
+            stacklevel=find_stack_level(),
+        )
+    if window is not None and window != one_pass:
+        warnings.warn(
+            f"{name}: window={window} averages T·S = {window * s} per-datum "
+            f"gradients per sample, not N = {n}: the samples' covariance is "
+            f"N/(T S) = {n / (window * s):.3g} × the posterior's (Mandt et al. Eq. 44). Use window={one_pass} "
+            "(the default) for posterior samples.",
+            stacklevel=find_stack_level(),
+        )
+    return t, step_product
+
+
+def iasg(potential, step_size=None, window=None, preconditioner=None, *, window_error=0.05, check_validity=True,
+         subsample="with_replacement", name="IASG", validity_warning=None, **warmup_options):
+    """The IASG algorithm (:class:`IASG`) for a traced model.
+
+    Its ``window`` is the resolved T (the driver's SG steps per returned sample) and its
+    iterates are not samples (``iterates_are_samples=False``): a returned sample is the
+    ``end_block`` mean of a window.
+
+    :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential` (plates, N, S, D).
+    :param float step_size: ε (None: the default rule of :class:`IASG`).
+    :param int window: T (None: ⌈N/S⌉).
+    :param preconditioner: None, ``"diag"`` or ``"full"``.
+    :param float window_error: target variance shortfall along λ_min for the default ε.
+    :param bool check_validity: warn (host callback) at the end of warmup outside Eq. 46–47.
+    :param validity_warning: the :class:`ValidityWarning` to call (re-armed here); default a new one.
+    :param kwargs: the warmup options of :func:`~numpyro_sgd.warmup.noise_warmup`.
+    :return: :class:`~numpyro_sgd.base.SGAlgorithm`.
+    """
+    t, step_product = _resolve_window(potential, window, window_error, step_size, name)
+    full = preconditioner != "diag"
+    warmup = noise_warmup(potential, full, name, **warmup_options)
+    n = potential.num_data
+    # Alg. 1 as written (a given ε, H = I) needs no warmup estimate: usable with num_warmup=0
+    given = step_size is not None and preconditioner is None
+    warn_validity = None
+    if check_validity:
+        warn_validity = validity_warning or ValidityWarning(name, window_error, step_size is not None)
+        warn_validity.rearm()  # once per build, i.e. per run
+
+    def init(rng_key, theta, num_warmup_steps):
+        d, dtype = theta.shape[0], theta.dtype
+        nan = jnp.asarray(jnp.nan, dtype)
+        shape = {None: (), "diag": (d,), "full": (d, d)}[preconditioner]
+        noise_shape = (d, d) if full else (d,)
+        with warnings.catch_warnings():
+            if given:  # nothing is estimated: a short warmup is no problem
+                warnings.simplefilter("ignore")
+            ws = warmup.init(theta, num_warmup_steps)
+        return IASGState(
+            preconditioner=jnp.full(shape, step_size / n if given else jnp.nan, dtype),
+            step_size=jnp.asarray(step_size, dtype) if given else nan,
+            user_step_size=jnp.asarray(jnp.nan if step_size is None else step_size, dtype),
+            curvature=jnp.zeros(noise_shape, dtype), eig_min=nan, eig_max=nan,
+            noise_cov=jnp.zeros(noise_shape, dtype), iterate=theta, iterate_sum=jnp.zeros_like(theta),
+            num_averaged=jnp.zeros((), jnp.int32), warmup=ws,
+        )
+
+    def warmup_step(rng_key, step, theta, state, oracle):
+        theta, ws, info = warmup.update(rng_key, step, theta, state.warmup, oracle)
+        return theta, state._replace(warmup=ws), info
+
+    def end_warmup(theta, state, oracle):
+        summary = warmup.final(state.warmup, theta, oracle)
+        # A5: the likelihood Hessian of plate p is its Fisher N_p C_p = (S_p/N_p) Q_p
+        curvature = fisher_curvature(summary, potential.plates)
+        a = curvature / n  # Mandt's A (Hessian of the average loss)
+        if preconditioner is None:
+            eig = jnp.linalg.eigvalsh(a)
+            h = jnp.ones((), a.dtype)
+        elif preconditioner == "diag":
+            eig = jnp.ones_like(a)  # diag(A)⁻¹ A with a diagonal A estimate
+            h = 1.0 / a
+        else:
+            eig = jnp.ones(a.shape[0], a.dtype)
+            h = cho_solve((regularized_cholesky(a), True), jnp.eye(a.shape[0], dtype=a.dtype))
+        lo, hi = jnp.min(eig), jnp.max(eig)
+        default = jnp.minimum(step_product / lo, 1.0 / hi)  # ε = min(u*/λ_min, 1/λ_max)
+        eps = default if step_size is None else state.user_step_size
+        if warn_validity is not None:  # a host callback: JAX then skips its persistent compilation cache
+            jax.debug.callback(warn_validity, eps, lo, hi, t)
+        return state._replace(preconditioner=(eps / n * h).astype(a.dtype), step_size=jnp.asarray(eps, a.dtype),
+                              curvature=curvature, eig_min=lo, eig_max=hi, noise_cov=summary.noise)
+
+    def sample_step(rng_key, step, theta, state, oracle):
+        pe, grad, indices = oracle.grad(rng_key, theta)
+        theta = theta - apply_preconditioner(state.preconditioner, grad)  # Alg. 1, SGD step
+        state = state._replace(iterate_sum=state.iterate_sum + theta, num_averaged=state.num_averaged + 1)
+        return theta, state, StepInfo(pe, oracle.batch_size, indices)
+
+    def start_block(theta, state):
+        """A window starts from the last SGD iterate (θ, the sample field, holds the last average)."""
+        return state.iterate, state._replace(iterate_sum=jnp.zeros_like(state.iterate_sum),
+                                             num_averaged=jnp.zeros_like(state.num_averaged))
+
+    def end_block(rng_key, theta, state, oracle, sampling):
+        """The sample is the mean of the window's iterates (Alg. 1); a warmup sample is the last iterate."""
+        count = jnp.maximum(state.num_averaged, 1)
+        mean = jnp.where(sampling & (state.num_averaged > 0), state.iterate_sum / count, theta)
+        return rng_key, mean, state._replace(iterate=theta), jnp.zeros((), jnp.int32)
+
+    return SGAlgorithm(init, warmup_step, sample_step, end_warmup, window=t, start_block=start_block,
+                       end_block=end_block, describe=lambda state: f"ε {float(state.step_size):.3g}",
+                       iterates_are_samples=False)
+
+
+class IASG(SGKernel):
     """Iterate-averaged constant SGD as a posterior sampler (IASG).
 
     **References:**
@@ -145,7 +319,7 @@ class IASG(NoiseAdaptingKernel):
         from caching the compiled program on disk (≈ 20 s of compilation per run); pass False
         and call :meth:`validity` after the run to avoid it. With ``num_warmup=0`` (a given ε)
         nothing is estimated, so nothing is checked and :meth:`validity` returns NaN.
-    :param kwargs: warmup options of :class:`~numpyro_sgd.warmup.NoiseAdaptingKernel` and
+    :param kwargs: warmup options of :func:`~numpyro_sgd.warmup.noise_warmup` and
         :class:`~numpyro_sgd.base.SGKernel` (``subsample``, ``warmup_subsample``,
         ``init_strategy``); ``steps_per_sample`` is the window and cannot be given.
 
@@ -166,10 +340,9 @@ class IASG(NoiseAdaptingKernel):
         (True, 1010.0)
     """
 
-    _iterates_are_samples = False
-
     def __init__(self, model, step_size=None, window=None, preconditioner=None, *, window_error=0.05,
-                 check_validity=True, **kwargs):
+                 check_validity=True, noise_estimator=None, adam_fraction=0.4, noise_window=0.4, adam_lr=(0.1, 1e-3),
+                 warmup_max_step=1.0, **kwargs):
         if "steps_per_sample" in kwargs:
             raise TypeError("IASG: steps_per_sample is the averaging window; pass window=T instead.")
         if preconditioner not in IASG_PRECONDITIONERS:
@@ -180,165 +353,16 @@ class IASG(NoiseAdaptingKernel):
             raise ValueError(
                 f"IASG: window must be an integer >= 1 (SG steps averaged per sample; default N/S), got {window!r}."
             )
-        super().__init__(model, full_noise=preconditioner != "diag", **kwargs)
-        self._step_size = step_size
-        self._window = window
-        self._preconditioner = preconditioner
+        super().__init__(model, **kwargs)
+        self._warmup_options = check_warmup_options(
+            "IASG", noise_estimator, adam_fraction, noise_window, adam_lr, warmup_max_step)
         default_step_product(window_error, 1)  # validates window_error before any compute
-        self._window_error = window_error
-        self._check_validity = bool(check_validity)
-        self._step_product = None  # u* = ε λ_min of the default ε, set once T is known
-        self._warned = False
+        self._options = dict(step_size=step_size, window=window, preconditioner=preconditioner,
+                             window_error=window_error, check_validity=bool(check_validity),
+                             validity_warning=ValidityWarning("IASG", window_error, step_size is not None))
 
-    # ------------------------------------------------------------------ setup
-    def _resolve_steps_per_sample(self, potential):
-        one_pass = -(-potential.num_data // potential.batch_size)  # ⌈N/S⌉
-        window = self._window or one_pass
-        self._step_product = default_step_product(self._window_error, window)
-        if self._step_size is None and self._step_product > 0.25:
-            warnings.warn(
-                f"IASG: the window T = {window} is short (N = {potential.num_data}, S = {potential.batch_size}): "
-                f"a {100 * self._window_error:.0g} % variance shortfall needs ε λ ≈ {self._step_product:.2f}, "
-                "far outside the small-step regime (A1–A4) the averaging theory assumes; on non-Gaussian "
-                "posteriors expect biased means and sds (the iterates spread over T × the posterior). "
-                "IASG needs N/S ≫ 20 × the condition number (Eq. 47): use a smaller subsample_size, "
-                "or ConstantSGD(model, 'full') for small data sets.",
-                stacklevel=find_stack_level(),
-            )
-        if self._window is None:
-            return one_pass
-        if self._window != one_pass:
-            ratio = potential.num_data / (self._window * potential.batch_size)
-            warnings.warn(
-                f"IASG: window={self._window} averages T·S = {self._window * potential.batch_size} per-datum "
-                f"gradients per sample, not N = {potential.num_data}: the samples' covariance is "
-                f"N/(T S) = {ratio:.3g} × the posterior's (Mandt et al. Eq. 44). Use window={one_pass} "
-                "(the default) for posterior samples.",
-                stacklevel=find_stack_level(),
-            )
-        return self._window
-
-    def _check_setup(self, potential, num_warmup_steps):
-        if self._step_size is None or self._preconditioner is not None:
-            super()._check_setup(potential, num_warmup_steps)  # ε or H come from the warmup estimate
-
-    def _init_kernel_state(self, rng_key, theta, potential, num_warmup_steps):
-        self._warned = False
-        d, dtype = theta.shape[0], theta.dtype
-        nan = jnp.asarray(jnp.nan, dtype)
-        shape = {None: (), "diag": (d,), "full": (d, d)}[self._preconditioner]
-        noise_shape = (d,) if self._preconditioner == "diag" else (d, d)
-        # Alg. 1 as written (a given ε, H = I) needs no warmup estimate: usable with num_warmup=0
-        given = self._step_size is not None and self._preconditioner is None
-        return IASGState(
-            preconditioner=jnp.full(shape, self._step_size / potential.num_data if given else jnp.nan, dtype),
-            step_size=jnp.asarray(self._step_size, dtype) if given else nan,
-            user_step_size=jnp.asarray(jnp.nan if self._step_size is None else self._step_size, dtype),
-            curvature=jnp.zeros(noise_shape, dtype),
-            eig_min=nan,
-            eig_max=nan,
-            noise_cov=jnp.zeros(noise_shape, dtype),
-            iterate=theta,
-            iterate_sum=jnp.zeros_like(theta),
-            num_averaged=jnp.zeros((), jnp.int32),
-            warmup=self._init_warmup(theta, potential, num_warmup_steps),
-        )
-
-    # ------------------------------------------------------------------ end of warmup
-    def _end_warmup(self, ks, theta, oracle):
-        potential = self.potential
-        plate_noise = self._plate_noise(ks)
-        n = potential.num_data
-        full = self._preconditioner != "diag"
-        # A5: the likelihood Hessian of plate p is its Fisher N_p C_p = (S_p/N_p) Q_p
-        fisher = sum(q * (p.subsample_size / p.size) for q, p in zip(plate_noise, potential.plates))
-        curvature = fisher + oracle.prior_hessian(theta, diagonal=not full)
-        a = curvature / n  # Mandt's A (Hessian of the average loss)
-        if self._preconditioner is None:
-            eig = jnp.linalg.eigvalsh(a)
-            h = jnp.ones((), a.dtype)
-        elif self._preconditioner == "diag":
-            eig = jnp.ones_like(a)  # diag(A)⁻¹ A with a diagonal A estimate
-            h = 1.0 / a
-        else:
-            eig = jnp.ones(a.shape[0], a.dtype)
-            h = cho_solve((regularized_cholesky(a), True), jnp.eye(a.shape[0], dtype=a.dtype))
-        lo, hi = jnp.min(eig), jnp.max(eig)
-        default = jnp.minimum(self._step_product / lo, 1.0 / hi)
-        eps = default if self._step_size is None else ks.user_step_size
-        if self._check_validity:  # a host callback: JAX then skips its persistent compilation cache
-            jax.debug.callback(self._warn_validity, eps, lo, hi)
-        return ks._replace(
-            preconditioner=(eps / n * h).astype(a.dtype),
-            step_size=jnp.asarray(eps, a.dtype),
-            curvature=curvature,
-            eig_min=lo,
-            eig_max=hi,
-            noise_cov=sum(plate_noise),
-        )
-
-    def _validity_numbers(self, eps, lo, hi):
-        t = self._steps_per_sample
-        x = eps * t * lo
-        return {"step_size": eps, "window": t, "eig_min": lo, "eig_max": hi, "stability": eps * hi,
-                "window_product": x, "window_error_eq46": float(-math.expm1(-x) / x),
-                "window_error": float(averaged_variance_shortfall(eps * lo, t)), "stiff_spread": eps * t * hi / 2,
-                "stiff_error": float(averaged_variance_shortfall(eps * hi, t))}
-
-    def _warn_validity(self, eps, lo, hi):
-        """Python warning (once per run) when ε and T fall outside Eq. 46–47 (host callback)."""
-        import numpy as np
-
-        if self._warned:
-            return
-        eps, lo, hi = float(np.max(eps)), float(np.min(lo)), float(np.max(hi))
-        if not (np.isfinite(eps) and np.isfinite(lo) and np.isfinite(hi) and lo > 0):
-            return
-        v = self._validity_numbers(eps, lo, hi)
-        limit = max(2 * self._window_error, 0.1)
-        problems = []
-        if v["stability"] >= 2:
-            problems.append(f"ε λ_max = {v['stability']:.3g} ≥ 2: the SGD iterates diverge (Eq. 47); lower step_size "
-                            f"below {2 / hi:.3g}")
-        elif v["stiff_error"] < -limit:
-            problems.append(f"ε λ_max = {v['stability']:.3g}: the samples' variance along the stiffest direction is "
-                            f"about {-100 * v['stiff_error']:.0f} % too large; lower step_size towards {1 / hi:.3g}")
-        if v["window_error"] > limit:
-            problems.append(
-                f"ε T λ_min = {v['window_product']:.3g}: the samples' variance along the least-constrained "
-                f"direction is about {100 * v['window_error']:.0f} % too small (Eq. 46; condition number "
-                f"λ_max/λ_min = {hi / lo:.3g} vs T = {v['window']}). "
-                + ("Use preconditioner='full' (H ≈ A⁻¹) or more data per window"
-                   if self._step_size is None else "Increase step_size (below 2/λ_max) or use the default")
-            )
-        if problems:
-            self._warned = True
-            warnings.warn(f"IASG: step size ε = {eps:.3g} and window T = {v['window']} are outside the validity "
-                          "window of Mandt et al. Eq. 46–47: " + "; ".join(problems) + ".", stacklevel=2)
-
-    # ------------------------------------------------------------------ sampling
-    def _sample_update(self, rng_key, step, theta, ks, oracle):
-        pe, grad = oracle.grad(rng_key, theta)
-        theta = theta - apply_preconditioner(ks.preconditioner, grad)  # Alg. 1, SGD step
-        ks = ks._replace(iterate_sum=ks.iterate_sum + theta, num_averaged=ks.num_averaged + 1)
-        return theta, ks, pe, oracle.batch_size
-
-    def _begin_block(self, state, model_args, model_kwargs):
-        """A window starts from the last SGD iterate (the sample field holds the last average)."""
-        over_chains = jax.vmap if jnp.ndim(state.i) > 0 else (lambda f: f)
-        ks = state.kernel_state
-        ks = ks._replace(iterate_sum=jnp.zeros_like(ks.iterate_sum), num_averaged=jnp.zeros_like(ks.num_averaged))
-        return state._replace(z=over_chains(self.potential.view.unravel)(ks.iterate), kernel_state=ks)
-
-    def _end_block(self, state, sampling, model_args, model_kwargs):
-        """The sample is the mean of the window's iterates (Alg. 1); warmup samples are the last iterate."""
-        over_chains = jax.vmap if jnp.ndim(state.i) > 0 else (lambda f: f)
-        view = self.potential.view
-        ks = state.kernel_state
-        last = over_chains(view.ravel)(state.z)
-        count = jnp.maximum(ks.num_averaged, 1)[..., None]
-        mean = jnp.where(sampling[..., None] & (ks.num_averaged[..., None] > 0), ks.iterate_sum / count, last)
-        return state._replace(z=over_chains(view.unravel)(mean), kernel_state=ks._replace(iterate=last))
+    def _build(self, potential):
+        return iasg(potential, **self._options, subsample=self._subsample, **self._warmup_options)
 
     # ------------------------------------------------------------------ theory
     def validity(self, state, chain=0):
@@ -348,11 +372,10 @@ class IASG(NoiseAdaptingKernel):
             estimated), ``stability`` ε λ_max (< 2 required), ``window_product`` x = ε T λ_min,
             ``window_error_eq46`` (1 − e^{−x})/x, and the exact discrete-time shortfalls of the
             averaged variance along λ_min (``window_error``) and λ_max (``stiff_error``,
-            negative: too wide), under A5.
+            negative: too wide), under A5 (:func:`~numpyro_sgd.theory.iasg_validity`).
         """
-        ks = state.kernel_state
-        pick = (lambda x: float(x[chain])) if jnp.ndim(state.i) > 0 else float
-        return self._validity_numbers(pick(ks.step_size), pick(ks.eig_min), pick(ks.eig_max))
+        ks = pick_chain(state, chain).kernel_state
+        return iasg_validity(float(ks.step_size), self.steps_per_sample, float(ks.eig_min), float(ks.eig_max))
 
     def predicted_covariance(self, state, *model_args, at=None, chain=0, discrete=True, **model_kwargs):
         """Covariance of the samples predicted from the frozen P and Q and the exact Hessian.
@@ -366,19 +389,13 @@ class IASG(NoiseAdaptingKernel):
         """
         import numpy as np
 
-        from .theory import iterate_average_covariance
-
-        pick = (lambda x: x[chain]) if jnp.ndim(state.i) > 0 else (lambda x: x)
-        ks = jax.tree.map(pick, state.kernel_state)
+        one = pick_chain(state, chain)
+        ks = one.kernel_state
         potential = self.potential
-        theta = potential.view.ravel(jax.tree.map(pick, state.z)) if at is None else jnp.asarray(at)
-        hessian = jax.hessian(potential.full_potential)(theta, model_args, model_kwargs)
+        hessian = potential.full_hessian(one.z if at is None else at, model_args, model_kwargs)
         noise = np.asarray(ks.noise_cov)
-        if self._subsample == "without_replacement":
+        if self._subsample == "without_replacement":  # Cov ξ = f Q, f = (N − S)/(N − 1)
             n, s = potential.num_data, potential.batch_size
             noise = noise * (n - s) / max(n - 1, 1)
-        return iterate_average_covariance(np.asarray(ks.preconditioner), np.asarray(hessian), noise,
-                                          self._steps_per_sample, discrete=discrete)
-
-    def _diagnostics(self, ks):
-        return f"ε {float(ks.step_size):.3g}"
+        return iterate_average_covariance(np.asarray(ks.preconditioner), hessian, noise, self.steps_per_sample,
+                                          discrete=discrete)

@@ -26,21 +26,13 @@ import optax
 from jax import random
 from jax.flatten_util import ravel_pytree
 
-from .base import SGKernel, is_positive_scalar
+from .base import SGAlgorithm, SGKernel, StepInfo, is_positive_scalar, renamed_keyword
+from .schedules import polynomial_annealing
 
-__all__ = ["Santa", "SantaState", "santa", "santa_step", "polynomial_annealing", "map_estimate"]
+__all__ = ["Santa", "SantaKernelState", "SantaState", "santa", "santa_algorithm", "santa_init", "santa_step",
+           "polynomial_annealing", "map_estimate"]
 
 SCHEMES = ("euler", "splitting")
-
-
-def polynomial_annealing(power=0.5, scale=1.0):
-    """β_t = scale · t^power (t ≥ 1 the SG step count): the "β_t = t^γ" schedule of the Santa
-    experiments; β_t → ∞ for power > 0."""
-    if not power > 0:
-        raise ValueError(f"polynomial_annealing: power must be > 0 (β_t must grow), got {power}.")
-    if not scale > 0:
-        raise ValueError(f"polynomial_annealing: scale must be > 0, got {scale}.")
-    return lambda t: scale * jnp.maximum(jnp.asarray(t, jnp.float32), 1.0) ** power
 
 
 def _check_schedule(schedule, name, must_grow):
@@ -91,7 +83,7 @@ def santa_init(rng_key, theta, learning_rate, thermostat_init=None):
     )
 
 
-def santa_step(rng_key, grad, state, learning_rate, beta, explore, *, sigma=0.999, damping=1e-8, num_data=1.0,
+def santa_step(rng_key, grad, state, learning_rate, beta, explore, *, decay=0.999, damping=1e-8, num_data=1.0,
                scheme="euler"):
     """One Santa step (Alg. 3 with Alg. 4/5 or 6/7); returns ``(Δθ, state)``.
 
@@ -108,7 +100,7 @@ def santa_step(rng_key, grad, state, learning_rate, beta, explore, *, sigma=0.99
     eta = learning_rate
     scaled = grad / num_data
     first = state.count == 0
-    v = jnp.where(first, scaled**2, sigma * state.second_moment + (1 - sigma) * scaled**2)
+    v = jnp.where(first, scaled**2, decay * state.second_moment + (1 - decay) * scaled**2)
     g = 1.0 / jnp.sqrt(damping + jnp.sqrt(v))
     g_prev = jnp.where(jnp.isnan(state.prev_precond), g, state.prev_precond)
     # α₀ = √η C with C = g₁ when the thermostat starts undetermined (NaN): the friction that
@@ -136,8 +128,8 @@ def santa_step(rng_key, grad, state, learning_rate, beta, explore, *, sigma=0.99
     return delta, SantaState(v, u, alpha, g, state.count + 1)
 
 
-def santa(learning_rate, *, num_data=1.0, sigma=0.999, damping=1e-8, anneal=True, schedule=None, burnin=None,
-          scheme="euler", thermostat_init=None, seed=0):
+def santa(learning_rate, *, num_data=1.0, decay=0.999, damping=1e-8, anneal=True, schedule=None, burnin=None,
+          scheme="euler", thermostat_init=None, seed=0, sigma=None):
     """Santa as an optax ``GradientTransformation`` (for MAP estimation / warm starts).
 
     ``update(grads, state, params=None)`` returns Δθ to *add* (``optax.apply_updates``); the
@@ -153,7 +145,8 @@ def santa(learning_rate, *, num_data=1.0, sigma=0.999, damping=1e-8, anneal=True
     """
     if not is_positive_scalar(learning_rate):
         raise ValueError(f"santa: learning_rate (η) must be a positive float, got {learning_rate!r}.")
-    _check_hyper("santa", sigma, damping, scheme)
+    decay = renamed_keyword("santa", "decay", decay, 0.999, "sigma", sigma)
+    _check_hyper("santa", decay, damping, scheme)
     schedule = polynomial_annealing(0.5) if schedule is None else schedule
     if anneal:
         _check_schedule(schedule, "santa", must_grow=True)
@@ -170,15 +163,16 @@ def santa(learning_rate, *, num_data=1.0, sigma=0.999, damping=1e-8, anneal=True
         beta = schedule(t) if anneal else 1.0
         explore = (t <= burnin) if anneal else True
         delta, state = santa_step(random.fold_in(k_noise, state.count), flat, state, learning_rate, beta, explore,
-                                  sigma=sigma, damping=damping, num_data=num_data, scheme=scheme)
+                                  decay=decay, damping=damping, num_data=num_data, scheme=scheme)
         return unravel(delta), state
 
     return optax.GradientTransformation(init, update)
 
 
-def _check_hyper(name, sigma, damping, scheme):
-    if not 0 < sigma < 1:
-        raise ValueError(f"{name}: sigma (the decay of v) must lie in (0, 1), got {sigma!r}; the paper uses 0.999.")
+def _check_hyper(name, decay, damping, scheme):
+    if not 0 < decay < 1:
+        raise ValueError(f"{name}: decay (the RMSprop decay σ of v) must lie in (0, 1), got {decay!r}; the paper uses "
+                         "0.999.")
     if not is_positive_scalar(damping):
         raise ValueError(f"{name}: damping (λ in g = 1/√(λ + √v)) must be > 0, got {damping!r}; the paper uses 1e-8.")
     if scheme not in SCHEMES:
@@ -186,7 +180,7 @@ def _check_hyper(name, sigma, damping, scheme):
 
 
 class SantaKernelState(NamedTuple):
-    """Kernel state of :class:`Santa`."""
+    """State of the :func:`santa_algorithm` algorithm (one chain)."""
 
     #: the Santa update's state (v, u, α, g_{t−1}, count)
     santa: SantaState
@@ -196,6 +190,58 @@ class SantaKernelState(NamedTuple):
     burnin: jnp.ndarray
     #: β_t of the last step
     beta: jnp.ndarray
+
+
+def santa_algorithm(potential, step_size, anneal=False, *, schedule=None, burnin=None, decay=0.999, damping=1e-8,
+                    scheme="euler", thermostat_init=None):
+    """The Santa sampler / annealer (:class:`Santa`) for a traced model.
+
+    One SG step (warmup and sampling alike: warmup is burn-in), with t the Santa step count:
+
+    * ``k_idx, k_noise = split(rng_key)``; f̃_t = ∇Û_S(θ_{t−1}) on the minibatch of ``k_idx``;
+    * β_t = 1 (``anneal=False``) or ``schedule(t)``; exploration while ``not anneal`` or
+      t ≤ ``burnin``, refinement after (Alg. 3);
+    * :func:`santa_step` on the average loss L = U/N at inverse temperature N β_t
+      (exp(−Nβ L) = exp(−β U), per-datum units) with the noise key ``k_noise``.
+
+    :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential` (plates, N, S, D).
+    :param float step_size: η > 0 (per-datum units).
+    :param bool anneal: anneal β_t by ``schedule``, then refine (default False: β = 1).
+    :param schedule: callable t ↦ β_t (default :func:`polynomial_annealing` (0.5)).
+    :param int burnin: SG steps of exploration (default: the warmup SG steps).
+    :return: :class:`~numpyro_sgd.base.SGAlgorithm`.
+    """
+    schedule = polynomial_annealing(0.5) if schedule is None else schedule
+    n = potential.num_data
+
+    def beta_at(t):
+        return schedule(t) if anneal else jnp.ones((), jnp.float32)
+
+    def init(rng_key, theta, num_warmup_steps):
+        return SantaKernelState(
+            santa=santa_init(rng_key, theta, step_size, thermostat_init),
+            step_size=jnp.asarray(step_size, theta.dtype),
+            burnin=jnp.asarray(num_warmup_steps if burnin is None else burnin, jnp.int32),
+            beta=jnp.ones((), theta.dtype),
+        )
+
+    def step(rng_key, i, theta, state, oracle):
+        k_idx, k_noise = random.split(rng_key)
+        pe, grad, indices = oracle.grad(k_idx, theta)                       # f̃_t = ∇Û_S(θ_{t−1})
+        t = state.santa.count + 1
+        beta = jnp.asarray(beta_at(t), theta.dtype)                         # β_t
+        explore = jnp.logical_or(not anneal, t <= state.burnin)             # the first `burnin` steps explore (Alg. 3)
+        # per-datum units: the average loss L = U/N at inverse temperature N β (exp(−Nβ L) = exp(−β U))
+        delta, santa_state = santa_step(k_noise, grad / n, state.santa, state.step_size, beta * n, explore,
+                                        decay=decay, damping=damping, num_data=1.0, scheme=scheme)
+        return theta + delta, state._replace(santa=santa_state, beta=beta), StepInfo(pe, oracle.batch_size, indices)
+
+    def describe(state):
+        phase = "explore" if (not anneal or int(state.santa.count) <= int(state.burnin)) else "refine"
+        return f"{phase}, β {float(state.beta):.3g}"
+
+    # no adaptation: warmup is burn-in with the sampling dynamics (the same function, no phase switch)
+    return SGAlgorithm(init, step, step, describe=describe)
 
 
 class Santa(SGKernel):
@@ -212,7 +258,7 @@ class Santa(SGKernel):
     paper                   here
     ======================  =====================================================================
     η                       ``step_size`` (η = h², per-datum units, see below)
-    σ, λ                    ``sigma`` (default 0.999), ``damping`` (default 1e-8)
+    σ, λ                    ``decay`` (RMSprop decay σ, default 0.999; ``sigma`` before 0.2), ``damping`` (λ, 1e-8)
     β_t                     1 (``anneal=False``) or ``schedule(t)`` (default t^0.5, ``anneal=True``)
     burnin                  ``burnin`` SG steps of exploration (default: all warmup steps), then
                             refinement (``anneal=True`` only)
@@ -252,63 +298,25 @@ class Santa(SGKernel):
     :param kwargs: see :class:`~numpyro_sgd.base.SGKernel`.
     """
 
-    _adapts = False
-
-    def __init__(self, model, step_size, anneal=False, *, schedule=None, burnin=None, sigma=0.999, damping=1e-8,
-                 scheme="euler", thermostat_init=None, **kwargs):
+    def __init__(self, model, step_size, anneal=False, *, schedule=None, burnin=None, decay=0.999, damping=1e-8,
+                 scheme="euler", thermostat_init=None, sigma=None, **kwargs):
         super().__init__(model, **kwargs)
         if not is_positive_scalar(step_size):
             raise ValueError(f"Santa: step_size (η) must be a positive float, got {step_size!r}.")
-        _check_hyper("Santa", sigma, damping, scheme)
+        decay = renamed_keyword("Santa", "decay", decay, 0.999, "sigma", sigma)
+        _check_hyper("Santa", decay, damping, scheme)
         if schedule is not None:
             _check_schedule(schedule, "Santa", must_grow=anneal)
         if burnin is not None and (not isinstance(burnin, int) or burnin < 0):
             raise ValueError(f"Santa: burnin must be a non-negative integer number of SG steps, got {burnin!r}.")
         if thermostat_init is not None and not is_positive_scalar(thermostat_init):
             raise ValueError(f"Santa: thermostat_init (C) must be > 0 or None, got {thermostat_init!r}.")
-        self._step_size = float(step_size)
-        self._anneal = bool(anneal)
-        self._schedule = schedule
-        self._burnin = burnin
-        self._sigma, self._damping, self._scheme = float(sigma), float(damping), scheme
-        self._thermostat_init = thermostat_init
+        self._options = dict(step_size=float(step_size), anneal=bool(anneal), schedule=schedule, burnin=burnin,
+                             decay=float(decay), damping=float(damping), scheme=scheme,
+                             thermostat_init=thermostat_init)
 
-    def _beta(self, t):
-        if not self._anneal:
-            return jnp.ones((), jnp.float32)
-        schedule = polynomial_annealing(0.5) if self._schedule is None else self._schedule
-        return schedule(t)
-
-    def _init_kernel_state(self, rng_key, theta, potential, num_warmup_steps):
-        dt = theta.dtype
-        burnin = num_warmup_steps if self._burnin is None else self._burnin
-        return SantaKernelState(
-            santa=santa_init(rng_key, theta, self._step_size, self._thermostat_init),
-            step_size=jnp.asarray(self._step_size, dt),
-            burnin=jnp.asarray(burnin, jnp.int32),
-            beta=jnp.ones((), dt),
-        )
-
-    def _sample_update(self, rng_key, step, theta, ks, oracle):
-        k_idx, k_noise = random.split(rng_key)
-        pe, grad = oracle.grad(k_idx, theta)
-        t = ks.santa.count + 1
-        beta = jnp.asarray(self._beta(t), theta.dtype)
-        explore = jnp.logical_or(not self._anneal, t <= ks.burnin)
-        n = oracle.potential.num_data
-        # per-datum units: the average loss L = U/N at inverse temperature N β (exp(−Nβ L) = exp(−β U))
-        delta, state = santa_step(k_noise, grad / n, ks.santa, ks.step_size, beta * n, explore, sigma=self._sigma,
-                                  damping=self._damping, num_data=1.0, scheme=self._scheme)
-        return theta + delta, ks._replace(santa=state, beta=beta), pe, oracle.batch_size
-
-    _warmup_update = _sample_update
-
-    def _end_warmup(self, ks, theta, oracle):
-        return ks
-
-    def _diagnostics(self, ks):
-        phase = "explore" if (not self._anneal or int(ks.santa.count) <= int(ks.burnin)) else "refine"
-        return f"{phase}, β {float(ks.beta):.3g}"
+    def _build(self, potential):
+        return santa_algorithm(potential, **self._options)
 
 
 def map_estimate(model, rng_key, *model_args, optimizer=None, num_steps=10_000, init_params=None,

@@ -3,9 +3,11 @@ Mandt, Hoffman & Blei (2017), Sec. 4.2, Thm. 3, Cor. 2.
 
 Algorithm (U units, see :func:`~numpyro_sgd.noise.sgfs_preconditioner`):
 
-    warmup   reach the mode, estimate the gradient-noise covariance Q (shared warmup);
+    warmup   reach the mode, estimate the gradient-noise covariance Q (shared warmup,
+             :mod:`numpyro_sgd.warmup`); freeze a = 2/c (c the discrete-time correction) and
+             the prior's curvature ∇²U_prior; M = a Q + ∇²U_prior + Ξ, Ξ from the step cap
     sample   Q ← running mean of the per-example gradient covariance (κ_t = 1/t, online Fisher)
-             every ``refresh_every`` steps: M = a Q + ∇²U_prior + Ξ, Ξ from the step cap, Cholesky
+             every ``refresh_every`` steps: M = a Q + ∇²U_prior + Ξ, Cholesky
              ξ ~ N(0, Ξ)                                   (injected noise, 4B/ε in Ahn et al.)
              θ ← θ − 2 M⁻¹ (∇Û_S(θ) + ξ)                   (Eq. 35 with H = H* of Eq. 36)
 """
@@ -17,23 +19,24 @@ from typing import NamedTuple
 import jax.numpy as jnp
 from jax import lax, random
 
-from .base import is_positive_scalar
-from .noise import discrete_time_correction, sgfs_direction, sgfs_preconditioner
-from .warmup import NoiseAdaptingKernel, WarmupState
+from .base import SGAlgorithm, SGKernel, StepInfo, is_positive_scalar, pick_chain
+from .noise import NoiseState, discrete_time_correction, effective_curvature, sgfs_direction, sgfs_preconditioner
+from .warmup import WarmupState, check_warmup_options, noise_warmup
 
-__all__ = ["SGFS", "SGFSState", "sgfs_step"]
+__all__ = ["SGFS", "SGFSState", "sgfs", "sgfs_step"]
 
 
 class SGFSState(NamedTuple):
-    """Kernel state of :class:`SGFS` (one chain)."""
+    """State of the :func:`sgfs` algorithm (one chain)."""
 
     #: Q, the gradient-noise covariance of ∇Û_S (online mean; diag (D,) or full (D, D))
     noise_cov: jnp.ndarray
-    #: Cholesky factor of M = a Q + Ξ (full) or the vector M (diag), refreshed every few steps
+    #: Cholesky factor of M = a Q + ∇²U_prior + Ξ (full) or the vector M (diag), refreshed every
+    #: ``refresh_every`` steps
     factor: jnp.ndarray
     #: diagonal of the injected noise covariance Ξ (gradient units)
     injected: jnp.ndarray
-    #: a = f + S/N (Ahn's γ S/N; 1 + S/N with replacement)
+    #: a = f + S/N (Ahn's γ S/N; 1 + S/N with replacement), frozen at the end of warmup
     ratio: jnp.ndarray
     #: Hessian of the prior and Jacobian terms at the end of warmup (diag (D,) or full (D, D))
     prior_curvature: jnp.ndarray
@@ -41,7 +44,12 @@ class SGFSState(NamedTuple):
     max_precond: jnp.ndarray
     #: refresh period of the factorisation, in SG steps
     refresh_every: jnp.ndarray
-    #: warmup state, whose noise estimator keeps averaging during sampling (online Fisher)
+    #: SG step from which the refresh period is counted (the start of warmup's noise window)
+    refresh_start: jnp.ndarray
+    #: running state of the noise estimator of Q: warmup's average, which sampling keeps
+    #: updating (online Fisher); sampling reads and writes this field, never ``warmup``
+    noise_state: NoiseState
+    #: warmup state (Adam, uncentred moment, noise estimator; see :mod:`numpyro_sgd.warmup`)
     warmup: WarmupState
 
 
@@ -51,7 +59,82 @@ def sgfs_step(rng_key, theta, grad, factor, injected):
     return theta - sgfs_direction(factor, grad + xi)
 
 
-class SGFS(NoiseAdaptingKernel):
+def sgfs(potential, preconditioner="full", *, step_size=1.0, max_step=None, refresh_every=10, online=True,
+         subsample="with_replacement", name="SGFS", **warmup_options):
+    """The SGFS algorithm (:class:`SGFS`) for a traced model.
+
+    :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential` (plates, N, S, D).
+    :param str preconditioner: ``"full"`` or ``"diag"``.
+    :param float step_size: Mandt's ε (only scales the cap ε h_max).
+    :param float max_step: h_max (None: no cap, no injected noise).
+    :param int refresh_every: SG steps between refactorisations of M.
+    :param bool online: keep averaging Q while sampling.
+    :param kwargs: the warmup options of :func:`~numpyro_sgd.warmup.noise_warmup`.
+    :return: :class:`~numpyro_sgd.base.SGAlgorithm`.
+    """
+    full = preconditioner == "full"
+    warmup = noise_warmup(potential, full, name, **warmup_options)
+    without_replacement = subsample == "without_replacement"
+    cap = jnp.inf if max_step is None else step_size * max_step / potential.num_data
+
+    def init(rng_key, theta, num_warmup_steps):
+        d, dtype = theta.shape[0], theta.dtype
+        shape = (d, d) if full else (d,)
+        ws = warmup.init(theta, num_warmup_steps)
+        return SGFSState(
+            noise_cov=jnp.zeros(shape, dtype), factor=jnp.full(shape, jnp.nan, dtype), injected=jnp.zeros(d, dtype),
+            ratio=jnp.asarray(jnp.nan, dtype), prior_curvature=jnp.zeros(shape, dtype),
+            max_precond=jnp.asarray(cap, dtype), refresh_every=jnp.asarray(refresh_every, jnp.int32),
+            refresh_start=ws.window_start, noise_state=ws.noise_state, warmup=ws,
+        )
+
+    def factorize(state, noise, curvature):
+        """M = ``curvature`` + Ξ (Cholesky or diagonal) and Ξ, with Q = ``noise`` stored."""
+        factor, injected = sgfs_preconditioner(preconditioner, curvature, 1.0, state.max_precond)
+        return noise, factor, injected
+
+    def warmup_step(rng_key, step, theta, state, oracle):
+        theta, ws, info = warmup.update(rng_key, step, theta, state.warmup, oracle)
+        # the noise estimate sampling continues from (the same values as warmup's)
+        return theta, state._replace(warmup=ws, noise_state=ws.noise_state), info
+
+    def end_warmup(theta, state, oracle):
+        # Q from the noise estimate the chain continues (after warmup: warmup's own)
+        summary = warmup.final(state.warmup._replace(noise_state=state.noise_state), theta, oracle)
+        # a = 2 / c with c the discrete-time correction of ConstantSGD: Ahn's γ S/N = 1 + S/N;
+        # M = a Q + ∇²U_prior + Ξ: the exact discrete-time optimum 2 (total noise + A)⁻¹ with
+        # A ≈ (S/N) Q + ∇²U_prior (see ConstantSGD's note on the discrete-time correction)
+        c = discrete_time_correction(summary.plate_noise, potential.plates, without_replacement)
+        curvature = effective_curvature(summary, potential.plates, without_replacement)
+        noise, factor, injected = factorize(state, summary.noise, curvature)
+        return state._replace(noise_cov=noise, factor=factor, injected=injected,
+                              ratio=jnp.asarray(2.0 / c, state.ratio.dtype), prior_curvature=summary.prior_curvature)
+
+    def refresh(state, noise_state):
+        noise = sum(warmup.estimator.final(noise_state))
+        # the frozen a and ∇²U_prior with the current online Q (c is not re-weighted)
+        return factorize(state, noise, state.ratio * noise + state.prior_curvature)
+
+    def sample_step(rng_key, step, theta, state, oracle):
+        k_idx, k_noise = random.split(rng_key)
+        indices = oracle.draw(k_idx)
+        if online:
+            pe, grad, per_example = oracle.per_example_grads(theta, indices)
+            noise_state = warmup.estimator.update(state.noise_state, per_example)  # κ_t = 1/t (Ahn et al.)
+            due = (step - state.refresh_start) % state.refresh_every == 0
+            noise, factor, injected = lax.cond(due, lambda ns: refresh(state, ns),
+                                               lambda ns: (state.noise_cov, state.factor, state.injected), noise_state)
+            state = state._replace(noise_state=noise_state, noise_cov=noise, factor=factor, injected=injected)
+        else:
+            pe, grad = oracle.potential_and_grad(theta, indices)
+        theta = sgfs_step(k_noise, theta, grad, state.factor, state.injected)  # θ − 2 M⁻¹ (∇Û_S + ξ)
+        return theta, state, StepInfo(pe, oracle.batch_size, indices)
+
+    return SGAlgorithm(init, warmup_step, sample_step, end_warmup,
+                       describe=lambda state: f"injected noise {float(jnp.mean(state.injected)):.3g}")
+
+
+class SGFS(SGKernel):
     """Stochastic gradient Fisher scoring with the KL-optimal preconditioner and a step cap.
 
     **References:**
@@ -94,8 +177,9 @@ class SGFS(NoiseAdaptingKernel):
     :param int refresh_every: SG steps between refactorisations of M (default 1 for diag, 10 for full).
     :param bool online: keep averaging Q during sampling (Ahn et al.; default True). Costs the
         per-example gradients every step; with False Q is frozen after warmup.
-    :param kwargs: warmup options of :class:`~numpyro_sgd.warmup.NoiseAdaptingKernel` and
-        :class:`~numpyro_sgd.base.SGKernel` options.
+    :param kwargs: the warmup options ``noise_estimator``, ``adam_fraction``, ``noise_window``,
+        ``adam_lr`` and ``warmup_max_step`` (see :func:`~numpyro_sgd.warmup.noise_warmup`) and the
+        driver's options (:class:`~numpyro_sgd.base.SGKernel`).
 
     .. doctest::
 
@@ -115,7 +199,8 @@ class SGFS(NoiseAdaptingKernel):
     """
 
     def __init__(self, model, preconditioner="full", *, step_size=None, max_step=None, refresh_every=None,
-                 online=True, **kwargs):
+                 online=True, noise_estimator=None, adam_fraction=0.4, noise_window=0.4, adam_lr=(0.1, 1e-3),
+                 warmup_max_step=1.0, **kwargs):
         if preconditioner not in ("full", "diag"):
             raise ValueError(f"SGFS: unknown preconditioner {preconditioner!r}; choose 'full' or 'diag'.")
         if step_size is not None and not is_positive_scalar(step_size):
@@ -125,66 +210,19 @@ class SGFS(NoiseAdaptingKernel):
         refresh_every = (1 if preconditioner == "diag" else 10) if refresh_every is None else refresh_every
         if not isinstance(refresh_every, int) or refresh_every < 1:
             raise ValueError(f"SGFS: refresh_every must be an integer >= 1, got {refresh_every!r}.")
-        super().__init__(model, full_noise=preconditioner == "full", **kwargs)
-        self._preconditioner = preconditioner
-        self._step_size = 1.0 if step_size is None else float(step_size)
-        self._max_step = max_step
-        self._refresh_every = refresh_every
-        self._online = online
+        super().__init__(model, **kwargs)
+        self._warmup_options = check_warmup_options(
+            "SGFS", noise_estimator, adam_fraction, noise_window, adam_lr, warmup_max_step)
+        self._options = dict(preconditioner=preconditioner, step_size=1.0 if step_size is None else float(step_size),
+                             max_step=max_step, refresh_every=refresh_every, online=bool(online))
 
-    def _init_kernel_state(self, rng_key, theta, potential, num_warmup_steps):
-        d, dtype = theta.shape[0], theta.dtype
-        full = self._preconditioner == "full"
-        cap = jnp.inf if self._max_step is None else self._step_size * self._max_step / potential.num_data
-        return SGFSState(
-            noise_cov=jnp.zeros((d, d) if full else (d,), dtype),
-            factor=jnp.full((d, d) if full else (d,), jnp.nan, dtype),
-            injected=jnp.zeros(d, dtype),
-            ratio=jnp.asarray(jnp.nan, dtype),
-            prior_curvature=jnp.zeros((d, d) if full else (d,), dtype),
-            max_precond=jnp.asarray(cap, dtype),
-            refresh_every=jnp.asarray(self._refresh_every, jnp.int32),
-            warmup=self._init_warmup(theta, potential, num_warmup_steps),
-        )
-
-    def _refresh(self, ks):
-        noise = sum(self._plate_noise(ks))
-        # M = a Q + ∇²U_prior + Ξ: the exact discrete-time optimum 2 (total noise + A)⁻¹ with
-        # A ≈ (S/N) Q + ∇²U_prior (see ConstantSGD's note on the discrete-time correction)
-        base = ks.ratio * noise + ks.prior_curvature
-        factor, injected = sgfs_preconditioner(self._preconditioner, base, 1.0, ks.max_precond)
-        return ks._replace(noise_cov=noise, factor=factor, injected=injected)
-
-    def _end_warmup(self, ks, theta, oracle):
-        potential = self.potential
-        # a = 2 / c with c the discrete-time correction of ConstantSGD: Ahn's γ S/N = 1 + S/N
-        c = discrete_time_correction(self._plate_noise(ks), potential.plates, self._subsample == "without_replacement")
-        prior = oracle.prior_hessian(theta, diagonal=self._preconditioner == "diag")
-        return self._refresh(ks._replace(ratio=jnp.asarray(2.0 / c, ks.ratio.dtype), prior_curvature=prior))
-
-    def _sample_update(self, rng_key, step, theta, ks, oracle):
-        k_idx, k_noise = random.split(rng_key)
-        idx = oracle.draw(k_idx)
-        if self._online:
-            pe, grad, per_example = oracle.per_example_grads(theta, idx)
-            noise_state = self._estimator().update(ks.warmup.noise_state, per_example)
-            ks = ks._replace(warmup=ks.warmup._replace(noise_state=noise_state))
-            refresh = (step - ks.warmup.window_start) % ks.refresh_every == 0
-            ks = lax.cond(refresh, self._refresh, lambda k: k, ks)
-        else:
-            pe, grad = oracle.potential_and_grad(theta, idx)
-        theta = sgfs_step(k_noise, theta, grad, ks.factor, ks.injected)
-        return theta, ks, pe, oracle.batch_size
+    def _build(self, potential):
+        return sgfs(potential, **self._options, subsample=self._subsample, **self._warmup_options)
 
     def effective_preconditioner(self, state, chain=0):
         """Mandt's H (the matrix multiplying ε ĝ), as a dense (D, D) NumPy array: N P / ε."""
         import numpy as np
 
-        pick = (lambda x: x[chain]) if jnp.ndim(state.i) > 0 else (lambda x: x)
-        factor = np.asarray(pick(state.kernel_state.factor))
-        d = factor.shape[0]
-        p = np.asarray(sgfs_direction(jnp.asarray(factor), jnp.eye(d, dtype=factor.dtype)))
-        return p * self.potential.num_data / self._step_size
-
-    def _diagnostics(self, ks):
-        return f"injected noise {float(jnp.mean(ks.injected)):.3g}"
+        factor = pick_chain(state, chain).kernel_state.factor
+        p = np.asarray(sgfs_direction(factor, jnp.eye(factor.shape[0], dtype=factor.dtype)))
+        return p * self.potential.num_data / self._options["step_size"]

@@ -5,6 +5,9 @@ Chen, Fox & Guestrin (2014) with B̂ = 0, in the Euler–Maruyama form of Li, Wa
 
     θ_{k+1} = θ_k + h r_k
     r_{k+1} = r_k − h (∇Û_S(θ_k) + γ r_k) + √(2γh) ξ_k
+
+The step is :func:`~numpyro_sgd.ewsg.ewsg_update` with M = 0 index steps (a uniform minibatch), so
+:class:`~numpyro_sgd.EWSG` with ``num_index_steps=0`` is this sampler by construction.
 """
 
 from __future__ import annotations
@@ -14,10 +17,10 @@ from typing import NamedTuple
 import jax.numpy as jnp
 from jax import random
 
-from .base import SGKernel, is_positive_scalar
-from .diffusions import underdamped_langevin
+from .base import SGAlgorithm, SGKernel, StepInfo
+from .ewsg import check_friction, check_step_size, ewsg_update
 
-__all__ = ["SGHMC", "SGHMCState"]
+__all__ = ["SGHMC", "SGHMCState", "sghmc"]
 
 
 class SGHMCState(NamedTuple):
@@ -29,6 +32,27 @@ class SGHMCState(NamedTuple):
     step_size: jnp.ndarray
     #: friction γ (σ² = 2γ)
     friction: jnp.ndarray
+
+
+def sghmc(potential, step_size, friction):
+    """The SGHMC algorithm (:class:`SGHMC`) for a traced model.
+
+    :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential`.
+    :return: :class:`~numpyro_sgd.base.SGAlgorithm` (no adaptation: warmup is burn-in).
+    """
+
+    def init(rng_key, theta, num_warmup_steps):
+        momentum = random.normal(rng_key, theta.shape, theta.dtype)  # r_0 ~ N(0, I)
+        return SGHMCState(momentum, jnp.asarray(step_size, theta.dtype), jnp.asarray(friction, theta.dtype))
+
+    def step(rng_key, i, theta, state, oracle):
+        # Eq. 3 with a uniform minibatch: EWSG's step with M = 0
+        theta, momentum, (pe, _, indices), _ = ewsg_update(rng_key, theta, state.momentum,
+                                                           lambda key: oracle.grad(key, theta), state.step_size,
+                                                           state.friction, num_index_steps=0)
+        return theta, state._replace(momentum=momentum), StepInfo(pe, oracle.batch_size, indices)
+
+    return SGAlgorithm(init, step, step)
 
 
 class SGHMC(SGKernel):
@@ -59,30 +83,12 @@ class SGHMC(SGKernel):
     :param kwargs: see :class:`~numpyro_sgd.base.SGKernel`.
     """
 
-    _adapts = False
-
     def __init__(self, model, step_size, friction, **kwargs):
         super().__init__(model, **kwargs)
         name = type(self).__name__
-        if not is_positive_scalar(step_size):
-            raise ValueError(f"{name}: step_size must be a positive float, got {step_size!r}.")
-        if not is_positive_scalar(friction):
-            raise ValueError(f"{name}: friction must be a positive float (γ; σ² = 2γ), got {friction!r}.")
-        self._step_size = float(step_size)
-        self._friction = float(friction)
+        check_step_size(name, step_size)
+        check_friction(name, friction)
+        self._options = dict(step_size=float(step_size), friction=float(friction))
 
-    def _init_kernel_state(self, rng_key, theta, potential, num_warmup_steps):
-        momentum = random.normal(rng_key, theta.shape, theta.dtype)
-        return SGHMCState(momentum, jnp.asarray(self._step_size, theta.dtype),
-                          jnp.asarray(self._friction, theta.dtype))
-
-    def _sample_update(self, rng_key, step, theta, ks, oracle):
-        k_idx, k_noise = random.split(rng_key)
-        pe, grad = oracle.grad(k_idx, theta)
-        theta, momentum = underdamped_langevin(k_noise, theta, ks.momentum, grad, ks.step_size, ks.friction)
-        return theta, ks._replace(momentum=momentum), pe, oracle.batch_size
-
-    _warmup_update = _sample_update
-
-    def _end_warmup(self, ks, theta, oracle):
-        return ks
+    def _build(self, potential):
+        return sghmc(potential, **self._options)

@@ -1,5 +1,10 @@
 """Stochastic gradient Langevin dynamics (Welling & Teh 2011; Mandt et al. Sec. 4.1, Eq. 32) and
-its RMSprop-preconditioned variant pSGLD (Li, Chen, Carlson & Carin 2016, Alg. 1)."""
+its RMSprop-preconditioned variant pSGLD (Li, Chen, Carlson & Carin 2016, Alg. 1).
+
+SGLD's step is :func:`~numpyro_sgd.ewsg.overdamped_ewsg_update` with M = 0 index steps (a uniform
+minibatch), so :class:`~numpyro_sgd.OverdampedEWSG` with ``num_index_steps=0`` is SGLD at
+temperature 1 by construction.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +14,12 @@ import jax.numpy as jnp
 from jax import random
 from numpyro.infer.initialization import init_to_uniform
 
-from .base import SGKernel, is_positive_scalar
+from .base import SGAlgorithm, SGKernel, StepInfo, is_positive_scalar, renamed_keyword
 from .diffusions import overdamped_langevin
+from .ewsg import check_step_size, overdamped_ewsg_update
+from .schedules import robbins_monro
 
-__all__ = ["SGLD", "SGLDState", "PSGLD", "PSGLDState", "sgld_step", "psgld_step", "robbins_monro"]
+__all__ = ["SGLD", "SGLDState", "PSGLD", "PSGLDState", "sgld", "psgld", "sgld_step", "psgld_step", "robbins_monro"]
 
 
 class SGLDState(NamedTuple):
@@ -26,29 +33,34 @@ class SGLDState(NamedTuple):
     last_step_size: jnp.ndarray
 
 
-def robbins_monro(scale, offset=1.0, power=0.55):
-    """Robbins–Monro schedule ε_t = a (b + t)^(−γ) (Welling & Teh Sec. 2; Mandt Eq. 32).
-
-    ``scale`` = a, ``offset`` = b > 0, ``power`` = γ ∈ (0.5, 1] (then Σ ε_t = ∞, Σ ε_t² < ∞;
-    γ = 0.5 is allowed for the schedule of Mandt et al. Sec. 6.2, ε₀/√(1000 + t)).
-    Returns an optax-style schedule ``count -> value``.
-    """
-    if not scale > 0:
-        raise ValueError(f"robbins_monro: scale must be > 0, got {scale}.")
-    if not 0 < power <= 1:
-        raise ValueError(f"robbins_monro: power must lie in (0, 1], got {power}.")
-    if not offset > 0:
-        raise ValueError(f"robbins_monro: offset must be > 0, got {offset}.")
-
-    def schedule(count):
-        return scale * (offset + jnp.asarray(count, jnp.float32)) ** (-power)
-
-    return schedule
-
-
 def sgld_step(rng_key, theta, grad, step_size, temperature):
     """SGLD (Welling & Teh Eq. 4): θ ← θ − (ε_t/2) ∇Û_S(θ) + N(0, ε_t T)."""
     return overdamped_langevin(rng_key, theta, grad, step_size, temperature)
+
+
+def sgld(potential, step_size, temperature=1.0):
+    """The SGLD algorithm (:class:`SGLD`) for a traced model.
+
+    :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential`.
+    :param step_size: ε > 0 or a schedule ``count -> ε_t`` (evaluated at the global SG step).
+    :param float temperature: T > 0.
+    :return: :class:`~numpyro_sgd.base.SGAlgorithm` (no adaptation: warmup is burn-in).
+    """
+    schedule = step_size if callable(step_size) else None
+
+    def init(rng_key, theta, num_warmup_steps):
+        eps = jnp.nan if schedule is not None else step_size
+        return SGLDState(jnp.asarray(eps, theta.dtype), jnp.asarray(temperature, theta.dtype),
+                         jnp.asarray(0.0, theta.dtype))
+
+    def step(rng_key, i, theta, state, oracle):
+        eps = jnp.asarray(schedule(i) if schedule is not None else state.step_size, theta.dtype)   # ε_t
+        # Welling & Teh Eq. 4 with a uniform minibatch: overdamped EWSG's step with M = 0
+        theta, (pe, _, indices), _ = overdamped_ewsg_update(rng_key, theta, lambda key: oracle.grad(key, theta), eps,
+                                                            0, state.temperature)
+        return theta, state._replace(last_step_size=eps), StepInfo(pe, oracle.batch_size, indices)
+
+    return SGAlgorithm(init, step, step, describe=lambda state: f"step size {float(state.last_step_size):.3g}")
 
 
 class SGLD(SGKernel):
@@ -80,17 +92,20 @@ class SGLD(SGKernel):
 
     .. doctest::
 
-        >>> import jax, numpyro, numpyro.distributions as dist
+        >>> import jax, jax.numpy as jnp, numpyro, numpyro.distributions as dist
         >>> from numpyro.infer import MCMC
-        >>> from numpyro_sgd import SGLD
-        >>> y = jax.random.normal(jax.random.key(1), (1000,)) + 3.0
-        >>> def model(y):
-        ...     mu = numpyro.sample("mu", dist.Normal(0, 10))
-        ...     with numpyro.plate("data", y.shape[0], subsample_size=50) as idx:
-        ...         numpyro.sample("y", dist.Normal(mu, 1), obs=y[idx])
-        >>> mcmc = MCMC(SGLD(model, step_size=1e-4), num_warmup=500, num_samples=500, progress_bar=False)
-        >>> mcmc.run(jax.random.key(0), y)
-        >>> bool(abs(mcmc.get_samples()["mu"].mean() - y.mean()) < 0.1)
+        >>> from numpyro_sgd import SGLD, robbins_monro
+        >>> x = jax.random.normal(jax.random.key(1), (1000,))
+        >>> y = 2.0 * x + jax.random.normal(jax.random.key(2), (1000,))
+        >>> def regression(x, y):
+        ...     w = numpyro.sample("w", dist.Normal(0, 10))
+        ...     with numpyro.plate("data", x.shape[0], subsample_size=50) as idx:
+        ...         numpyro.sample("y", dist.Normal(w * x[idx], 1), obs=y[idx])
+        >>> kernel = SGLD(regression, step_size=robbins_monro(1e-2, offset=100.0))  # ε_t = 1e-2 (100 + t)^-0.55
+        >>> mcmc = MCMC(kernel, num_warmup=500, num_samples=500, progress_bar=False)
+        >>> mcmc.run(jax.random.key(0), x, y)
+        >>> w_hat = float(jnp.sum(x * y) / jnp.sum(x * x))  # the posterior mean, up to the prior
+        >>> bool(abs(mcmc.get_samples()["w"].mean() - w_hat) < 0.05)
         True
     """
 
@@ -107,28 +122,8 @@ class SGLD(SGKernel):
         self._step_size = step_size
         self._temperature = temperature
 
-    def _init_kernel_state(self, rng_key, theta, potential, num_warmup_steps):
-        eps = jnp.nan if callable(self._step_size) else self._step_size
-        return SGLDState(jnp.asarray(eps, theta.dtype), jnp.asarray(self._temperature, theta.dtype),
-                         jnp.asarray(0.0, theta.dtype))
-
-    def _update(self, rng_key, step, theta, ks, oracle):
-        k_idx, k_noise = random.split(rng_key)
-        pe, grad = oracle.grad(k_idx, theta)
-        eps = self._step_size(step) if callable(self._step_size) else ks.step_size
-        eps = jnp.asarray(eps, theta.dtype)
-        theta = sgld_step(k_noise, theta, grad, eps, ks.temperature)
-        return theta, ks._replace(last_step_size=eps), pe, oracle.batch_size
-
-    _warmup_update = _update
-    _sample_update = _update
-    _adapts = False
-
-    def _end_warmup(self, ks, theta, oracle):
-        return ks
-
-    def _diagnostics(self, ks):
-        return f"step size {float(ks.last_step_size):.3g}"
+    def _build(self, potential):
+        return sgld(potential, self._step_size, self._temperature)
 
 
 class PSGLDState(NamedTuple):
@@ -138,15 +133,15 @@ class PSGLDState(NamedTuple):
     second_moment: jnp.ndarray
     #: step size ε (U units)
     step_size: jnp.ndarray
-    #: decay α of V
-    alpha: jnp.ndarray
+    #: RMSprop decay α of V (``decay``)
+    decay: jnp.ndarray
     #: damping λ of G = 1 / (λ + √V)
     damping: jnp.ndarray
     #: whether V has been initialised (the first step sets V = ḡ²)
     started: jnp.ndarray
 
 
-def psgld_step(rng_key, theta, grad, second_moment, step_size, alpha, damping, num_data, started):
+def psgld_step(rng_key, theta, grad, second_moment, step_size, decay, damping, num_data, started):
     """pSGLD, Li et al. (2016) Alg. 1 (Γ neglected, as in the paper's experiments):
 
     V ← α V + (1 − α) ḡ ⊙ ḡ,   ḡ = ∇Û_S / N        (per-datum mean gradient)
@@ -154,10 +149,33 @@ def psgld_step(rng_key, theta, grad, second_moment, step_size, alpha, damping, n
     θ ← θ − (ε/2) G ⊙ ∇Û_S + N(0, ε G)
     """
     g_bar = grad / num_data
-    second_moment = jnp.where(started, alpha * second_moment + (1 - alpha) * g_bar**2, g_bar**2)
+    second_moment = jnp.where(started, decay * second_moment + (1 - decay) * g_bar**2, g_bar**2)
     precond = 1.0 / (damping + jnp.sqrt(second_moment))
     theta = overdamped_langevin(rng_key, theta, grad, step_size, 1.0, precond)
     return theta, second_moment
+
+
+def psgld(potential, step_size, decay=0.99, damping=1e-5):
+    """The pSGLD algorithm (:class:`PSGLD`) for a traced model.
+
+    :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential` (N for ḡ = ∇Û_S / N).
+    :return: :class:`~numpyro_sgd.base.SGAlgorithm` (V keeps adapting; warmup is burn-in).
+    """
+
+    def init(rng_key, theta, num_warmup_steps):
+        dt = theta.dtype
+        return PSGLDState(jnp.zeros_like(theta), jnp.asarray(step_size, dt), jnp.asarray(decay, dt),
+                          jnp.asarray(damping, dt), jnp.array(False))
+
+    def step(rng_key, i, theta, state, oracle):
+        k_idx, k_noise = random.split(rng_key)
+        pe, grad, indices = oracle.grad(k_idx, theta)
+        theta, second = psgld_step(k_noise, theta, grad, state.second_moment, state.step_size, state.decay,
+                                   state.damping, potential.num_data, state.started)
+        return theta, state._replace(second_moment=second, started=jnp.array(True)), StepInfo(pe, oracle.batch_size,
+                                                                                             indices)
+
+    return SGAlgorithm(init, step, step)
 
 
 class PSGLD(SGKernel):
@@ -172,7 +190,7 @@ class PSGLD(SGKernel):
     paper     argument
     ========  ====================
     ε_t       ``step_size`` (U units)
-    α         ``alpha``
+    α         ``decay`` (RMSprop decay; ``alpha`` before 0.2)
     λ         ``damping``
     ========  ====================
 
@@ -183,36 +201,20 @@ class PSGLD(SGKernel):
 
     :param model: NumPyro model with a subsample plate.
     :param float step_size: ε > 0.
-    :param float alpha: α ∈ (0, 1) (default 0.99).
+    :param float decay: α ∈ (0, 1), the RMSprop decay of V (default 0.99).
     :param float damping: λ > 0 (default 1e-5).
     :param kwargs: see :class:`~numpyro_sgd.base.SGKernel`.
     """
 
-    _adapts = False
-
-    def __init__(self, model, step_size, *, alpha=0.99, damping=1e-5, **kwargs):
+    def __init__(self, model, step_size, *, decay=0.99, damping=1e-5, alpha=None, **kwargs):
         super().__init__(model, **kwargs)
-        if not is_positive_scalar(step_size):
-            raise ValueError(f"PSGLD: step_size must be a positive float, got {step_size!r}.")
-        if not 0 < alpha < 1:
-            raise ValueError(f"PSGLD: alpha (RMSprop decay) must lie in (0, 1), got {alpha}.")
+        check_step_size("PSGLD", step_size)
+        decay = renamed_keyword("PSGLD", "decay", decay, 0.99, "alpha", alpha)
+        if not 0 < decay < 1:
+            raise ValueError(f"PSGLD: decay (the RMSprop decay α) must lie in (0, 1), got {decay}.")
         if not damping > 0:
             raise ValueError(f"PSGLD: damping (λ) must be > 0, got {damping}.")
-        self._step_size, self._alpha, self._damping = float(step_size), float(alpha), float(damping)
+        self._options = dict(step_size=float(step_size), decay=float(decay), damping=float(damping))
 
-    def _init_kernel_state(self, rng_key, theta, potential, num_warmup_steps):
-        dt = theta.dtype
-        return PSGLDState(jnp.zeros_like(theta), jnp.asarray(self._step_size, dt), jnp.asarray(self._alpha, dt),
-                          jnp.asarray(self._damping, dt), jnp.array(False))
-
-    def _sample_update(self, rng_key, step, theta, ks, oracle):
-        k_idx, k_noise = random.split(rng_key)
-        pe, grad = oracle.grad(k_idx, theta)
-        theta, second = psgld_step(k_noise, theta, grad, ks.second_moment, ks.step_size, ks.alpha, ks.damping,
-                                   oracle.potential.num_data, ks.started)
-        return theta, ks._replace(second_moment=second, started=jnp.array(True)), pe, oracle.batch_size
-
-    _warmup_update = _sample_update
-
-    def _end_warmup(self, ks, theta, oracle):
-        return ks
+    def _build(self, potential):
+        return psgld(potential, **self._options)

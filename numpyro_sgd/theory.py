@@ -10,7 +10,7 @@ import numpy as np
 import scipy.linalg
 
 __all__ = ["lyapunov_covariance", "as_matrix", "iterate_average_covariance", "iasg_covariance", "window_error",
-           "averaged_variance_shortfall"]
+           "averaged_variance_shortfall", "iasg_validity"]
 
 
 def as_matrix(precond, dim):
@@ -133,3 +133,22 @@ def averaged_variance_shortfall(u, window):
     u = np.asarray(u, dtype=float)
     t = float(window)
     return 2.0 * (1.0 - u) * (1.0 - (1.0 - u) ** t) / (t * u * (2.0 - u))
+
+
+def iasg_validity(step_size, window, eig_min, eig_max):
+    """The validity numbers of Mandt et al. Eq. 46–47 for iterate averaging with a frozen ε, a
+    window of T steps and the extreme eigenvalues λ_min, λ_max of HA (A5).
+
+    :return: dict with ``step_size`` ε, ``window`` T, ``eig_min``, ``eig_max``, ``stability``
+        ε λ_max (< 2 required, Eq. 47), ``window_product`` x = ε T λ_min, ``window_error_eq46``
+        (1 − e^{−x})/x (:func:`window_error`), the exact discrete-time shortfalls of the averaged
+        variance (:func:`averaged_variance_shortfall`) along λ_min (``window_error``) and λ_max
+        (``stiff_error``, negative: too wide), and ``stiff_spread`` ε T λ_max / 2 (the iterates'
+        spread along λ_max in posterior variances, Eq. 43).
+    """
+    eps, t, lo, hi = step_size, window, eig_min, eig_max
+    x = eps * t * lo
+    return {"step_size": eps, "window": t, "eig_min": lo, "eig_max": hi, "stability": eps * hi,
+            "window_product": x, "window_error_eq46": float(window_error(x)),
+            "window_error": float(averaged_variance_shortfall(eps * lo, t)), "stiff_spread": eps * t * hi / 2,
+            "stiff_error": float(averaged_variance_shortfall(eps * hi, t))}

@@ -19,24 +19,26 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
-from jax import random
+from jax import lax, random
 from numpyro.distributions import biject_to
 
-from .base import MinibatchOracle, SGKernel, is_positive_scalar
+from .base import SGAlgorithm, SGKernel, is_positive_scalar
 from .potential import _FlatView
+from .schedules import robbins_monro
 
-__all__ = ["VariationalEM", "VariationalEMState", "robbins_monro_rate"]
+__all__ = ["VariationalEM", "VariationalEMState", "variational_em", "robbins_monro_rate"]
 
 
 def robbins_monro_rate(step_size, offset=100.0, decay=0.6):
-    """ρ_t = ρ₀ (1 + t/t₀)^(−κ): an optax schedule with Σρ_t = ∞ and Σρ_t² < ∞ for κ ∈ (0.5, 1]."""
-    return lambda count: step_size * (1.0 + count / offset) ** (-decay)
+    """ρ_t = ρ₀ (1 + t/t₀)^(−κ) = ρ₀ t₀^κ (t₀ + t)^(−κ): :func:`~numpyro_sgd.schedules.robbins_monro`
+    with Σρ_t = ∞ and Σρ_t² < ∞ for κ ∈ (0.5, 1]."""
+    return robbins_monro(step_size * offset**decay, offset, decay)
 
 
 class VariationalEMState(NamedTuple):
-    """Kernel state of :class:`VariationalEM` (one chain)."""
+    """State of the :func:`variational_em` algorithm (one chain)."""
 
-    #: the wrapped kernel's state
+    #: the wrapped algorithm's state
     inner: NamedTuple
     #: λ on the unconstrained scale, flattened (``VariationalEM.hyperparameters`` constrains it)
     hyper: jnp.ndarray
@@ -44,18 +46,90 @@ class VariationalEMState(NamedTuple):
     hyper_state: tuple
 
 
-class _RecordingOracle(MinibatchOracle):
-    """The oracle of the wrapped kernel, remembering the minibatches it drew (at trace time)."""
+def variational_em(inner, constrain, optimizer):
+    """Variational EM around an algorithm (Mandt et al. Eq. 26): the θ-steps of ``inner`` at λ_t,
+    then λ_{t+1} = λ_t + optimizer(∇_λ Û_S(θ_t; λ_t)) on the step's minibatch (``info.indices``).
 
-    def __init__(self, oracle):
-        super().__init__(oracle.potential, oracle.model_args, oracle.model_kwargs, oracle.method, oracle.step,
-                         oracle.shuffle_key, params=oracle.params)
-        self.draws = []
+    :param SGAlgorithm inner: the wrapped algorithm.
+    :param constrain: flat unconstrained λ -> ``{param name: value}``.
+    :param optimizer: optax ``GradientTransformation`` whose updates are added to λ.
+    :return: :class:`~numpyro_sgd.base.SGAlgorithm` with state :class:`VariationalEMState`.
+    """
 
-    def draw(self, rng_key):
-        indices = super().draw(rng_key)
-        self.draws.append(indices)
-        return indices
+    def at(oracle, state):
+        return oracle.with_params(constrain(state.hyper))
+
+    def hyper_step(state, theta, indices, oracle):
+        """λ ← λ − ρ_t ∇_λ Û_S(θ; λ) on ``indices`` (Eq. 26), through the optax update."""
+        grad = jax.grad(lambda h: oracle.with_params(constrain(h)).potential_energy(theta, indices))(state.hyper)
+        updates, hyper_state = optimizer.update(grad, state.hyper_state, state.hyper)
+        return state._replace(hyper=optax.apply_updates(state.hyper, updates), hyper_state=hyper_state)
+
+    def init(rng_key, theta, num_warmup_steps, hyper):
+        return VariationalEMState(inner.init(rng_key, theta, num_warmup_steps), hyper, optimizer.init(hyper))
+
+    def warmup_step(rng_key, step, theta, state, oracle):
+        # λ is held during warmup: the kernel optimises θ there (Adam, mode finding), and a joint
+        # (θ, λ) ascent is the joint MAP, which runs off to λ → ∞ when the data are weak
+        new_theta, inner_state, info = inner.warmup_step(rng_key, step, theta, state.inner, at(oracle, state))
+        return new_theta, state._replace(inner=inner_state), info
+
+    def sample_step(rng_key, step, theta, state, oracle):
+        new_theta, inner_state, info = inner.sample_step(rng_key, step, theta, state.inner, at(oracle, state))
+        state = state._replace(inner=inner_state)
+        if not inner.iterates_are_samples:
+            return new_theta, state, info  # λ moves once per returned sample (end_block)
+        # Eq. 26: the θ-step's minibatch and θ_t when the step used one uniform minibatch; a step
+        # that used several (EWSG's index chain picks a non-uniform one) gets a fresh minibatch
+        one_minibatch = isinstance(info.num_grad_evals, int) and info.num_grad_evals == oracle.batch_size
+        indices = info.indices if one_minibatch else oracle.draw(random.fold_in(rng_key, 7))
+        info = info._replace(num_grad_evals=info.num_grad_evals + oracle.batch_size)
+        return new_theta, hyper_step(state, theta, indices, oracle), info
+
+    end_warmup = None
+    if inner.end_warmup is not None:
+        def end_warmup(theta, state, oracle):
+            return state._replace(inner=inner.end_warmup(theta, state.inner, at(oracle, state)))
+
+    start_block = None
+    if inner.start_block is not None:
+        def start_block(theta, state):
+            theta, inner_state = inner.start_block(theta, state.inner)
+            return theta, state._replace(inner=inner_state)
+
+    def end_block(rng_key, theta, state, oracle, sampling):
+        evals = 0
+        if inner.end_block is not None:
+            rng_key, theta, inner_state, evals = inner.end_block(rng_key, theta, state.inner, at(oracle, state),
+                                                                 sampling)
+            state = state._replace(inner=inner_state)
+
+        def per_sample(carry):
+            key, state, evals = carry
+            if not inner.iterates_are_samples:  # one λ-step at the returned draw, on a fresh minibatch
+                key, k_idx = random.split(key)
+                state = hyper_step(state, theta, oracle.draw(k_idx), oracle)
+                evals = evals + oracle.batch_size
+            if inner.end_warmup is not None:
+                # re-tune the kernel at the current λ (the prior curvature in ConstantSGD's ε*/P and
+                # SGFS's M, IASG's ε; the warmup noise estimate is kept)
+                state = end_warmup(theta, state, oracle)
+            return key, state, evals
+
+        rng_key, state, evals = lax.cond(sampling, per_sample, lambda c: c, (rng_key, state, jnp.asarray(evals)))
+        return rng_key, theta, state, evals
+
+    needs_block_end = (inner.end_block is not None or inner.end_warmup is not None
+                       or not inner.iterates_are_samples)
+
+    def describe(state):
+        text = inner.describe(state.inner) if inner.describe is not None else ""
+        values = ", ".join(f"{k} {float(jnp.ravel(v)[0]):.3g}" for k, v in constrain(state.hyper).items())
+        return f"{text}, {values}" if text else values
+
+    return SGAlgorithm(init, warmup_step, sample_step, end_warmup, window=inner.window, start_block=start_block,
+                       end_block=end_block if needs_block_end else None, describe=describe,
+                       iterates_are_samples=inner.iterates_are_samples)
 
 
 class VariationalEM(SGKernel):
@@ -110,7 +184,8 @@ class VariationalEM(SGKernel):
     :meth:`hyperparameters` (any leading shape). Deterministic sites returned with the samples
     are computed with the params at their init values.
 
-    :param SGKernel kernel: a kernel of this package, constructed on the model.
+    :param SGKernel kernel: a kernel of this package, constructed on the model (its algorithm is
+        wrapped by :func:`variational_em`; no private attribute of it is read).
     :param float hyper_step_size: ρ₀ > 0 (default 0.05).
     :param float hyper_offset: t₀ > 0 in SG steps (default 100).
     :param float hyper_decay: κ ∈ (0.5, 1] (default 0.6).
@@ -134,21 +209,17 @@ class VariationalEM(SGKernel):
             )
         if hyper_optimizer is not None and not isinstance(hyper_optimizer, optax.GradientTransformation):
             raise TypeError("VariationalEM: hyper_optimizer must be an optax GradientTransformation.")
-        super().__init__(kernel._model, steps_per_sample=kernel._steps_per_sample, subsample=kernel._subsample,
-                         warmup_subsample=kernel._warmup_subsample, init_strategy=kernel._init_strategy)
+        super().__init__(kernel.subsampled_model, steps_per_sample=kernel.steps_per_sample,
+                         subsample=kernel.subsample, warmup_subsample=kernel.warmup_subsample,
+                         init_strategy=kernel.init_strategy)
         self._inner = kernel
         self._rate = (float(hyper_step_size), float(hyper_offset), float(hyper_decay))
         self._hyper_optimizer = hyper_optimizer
-        self._hyper_view = None
 
     @property
     def inner_kernel(self):
         """The wrapped kernel."""
         return self._inner
-
-    @property
-    def _adapts(self):
-        return self._inner._adapts
 
     def _optimizer(self):  # built on demand: optax transformations hold closures and do not pickle
         if self._hyper_optimizer is not None:
@@ -156,40 +227,34 @@ class VariationalEM(SGKernel):
         return optax.chain(optax.scale_by_adam(b1=0.0, b2=0.99),
                            optax.scale_by_schedule(lambda t: -robbins_monro_rate(*self._rate)(t)))
 
-    # ------------------------------------------------------------------ setup
-    def _resolve_steps_per_sample(self, potential):
-        self._inner._potential = potential
-        k = self._inner._resolve_steps_per_sample(potential)
-        self._inner._steps_per_sample = k
-        return k
+    def _hyper_view(self, potential):
+        constraints = potential.param_constraints
+        unconstrained = {k: biject_to(constraints[k]).inv(jnp.asarray(v)) for k, v in potential.param_values.items()}
+        return _FlatView(unconstrained)
 
-    def _check_setup(self, potential, num_warmup_steps):
+    def _constrain(self, hyper, potential=None):
+        potential = self.potential if potential is None else potential
+        unconstrained = self._hyper_view(potential).unravel(hyper)
+        return {k: biject_to(potential.param_constraints[k])(v) for k, v in unconstrained.items()}
+
+    def _build(self, potential):
         if not potential.param_values:
             raise ValueError(
                 "VariationalEM: the model has no numpyro.param site to fit. Declare each hyperparameter "
                 "with numpyro.param(name, init_value, constraint=...) (e.g. a prior precision with "
                 "constraints.positive), or run the kernel without VariationalEM."
             )
-        self._inner._check_setup(potential, num_warmup_steps)
-        unconstrained = {k: biject_to(potential.param_constraints[k]).inv(jnp.asarray(v))
-                         for k, v in potential.param_values.items()}
-        self._hyper_view = _FlatView(unconstrained)
+        algorithm = variational_em(self._inner.build(potential), lambda h: self._constrain(h, potential),
+                                   self._optimizer())
+        view = self._hyper_view(potential)
 
-    def _init_kernel_state(self, rng_key, theta, potential, num_warmup_steps):
-        pv = potential.param_values
-        hyper = self._hyper_view.ravel(
-            {k: biject_to(potential.param_constraints[k]).inv(jnp.asarray(v, theta.dtype)) for k, v in pv.items()}
-        ).astype(theta.dtype)
-        inner = self._inner._init_kernel_state(rng_key, theta, potential, num_warmup_steps)
-        return VariationalEMState(inner=inner, hyper=hyper, hyper_state=self._optimizer().init(hyper))
+        def init(rng_key, theta, num_warmup_steps):
+            pv = potential.param_values
+            hyper = view.ravel({k: biject_to(potential.param_constraints[k]).inv(jnp.asarray(v, theta.dtype))
+                                for k, v in pv.items()}).astype(theta.dtype)
+            return algorithm.init(rng_key, theta, num_warmup_steps, hyper)
 
-    # ------------------------------------------------------------------ λ
-    def _constrain(self, hyper):
-        unconstrained = self._hyper_view.unravel(hyper)
-        return {k: biject_to(self.potential.param_constraints[k])(v) for k, v in unconstrained.items()}
-
-    def _params_of(self, state):
-        return self._constrain(state.kernel_state.hyper)
+        return algorithm._replace(init=init)
 
     def hyperparameters(self, state_or_trace):
         """λ on the constrained scale, ``{param name: value}``.
@@ -204,76 +269,3 @@ class VariationalEM(SGKernel):
         flat = hyper.reshape((-1, hyper.shape[-1]))
         out = jax.vmap(self._constrain)(flat)
         return {k: v.reshape(lead + v.shape[1:]) for k, v in out.items()}
-
-    # ------------------------------------------------------------------ dynamics
-    def _hyper_step(self, ks, theta, indices, oracle):
-        """λ ← λ − ρ_t ∇_λ Û_S(θ; λ) on ``indices`` (Eq. 26), through the optax update."""
-        potential, args, kwargs = oracle.potential, oracle.model_args, oracle.model_kwargs
-
-        def minibatch_potential(hyper):
-            return potential.potential(theta, indices, args, kwargs, self._constrain(hyper))
-
-        grad = jax.grad(minibatch_potential)(ks.hyper)
-        updates, hyper_state = self._optimizer().update(grad, ks.hyper_state, ks.hyper)
-        return ks._replace(hyper=optax.apply_updates(ks.hyper, updates), hyper_state=hyper_state)
-
-    def _warmup_update(self, rng_key, step, theta, ks, oracle):
-        # λ is held during warmup: the kernel optimises θ there (Adam, mode finding), and a joint
-        # (θ, λ) ascent is the joint MAP, which runs off to λ → ∞ when the data are weak
-        new_theta, inner, pe, evals = self._inner._warmup_update(rng_key, step, theta, ks.inner, oracle)
-        return new_theta, ks._replace(inner=inner), pe, evals
-
-    def _sample_update(self, rng_key, step, theta, ks, oracle):
-        recording = _RecordingOracle(oracle)
-        new_theta, inner, pe, evals = self._inner._sample_update(rng_key, step, theta, ks.inner, recording)
-        ks = ks._replace(inner=inner)
-        if not self._inner._iterates_are_samples:
-            return new_theta, ks, pe, evals  # λ moves once per returned sample (_end_block)
-        # Eq. 26: the same minibatch and θ_t as the θ-step when the kernel drew exactly one
-        indices = recording.draws[0] if len(recording.draws) == 1 else oracle.draw(random.fold_in(rng_key, 7))
-        return new_theta, self._hyper_step(ks, theta, indices, oracle), pe, evals + oracle.batch_size
-
-    def _end_warmup(self, ks, theta, oracle):
-        return ks._replace(inner=self._inner._end_warmup(ks.inner, theta, oracle))
-
-    def _inner_state(self, state):
-        return state._replace(kernel_state=state.kernel_state.inner)
-
-    def _outer_state(self, inner, state):
-        return inner._replace(kernel_state=state.kernel_state._replace(inner=inner.kernel_state))
-
-    def _begin_block(self, state, model_args, model_kwargs):
-        inner = self._inner._begin_block(self._inner_state(state), model_args, model_kwargs)
-        return self._outer_state(inner, state)
-
-    def _sample_hyper_step(self, state, model_args, model_kwargs):
-        """One λ-step at the returned sample (kernels whose iterates are not posterior draws)."""
-        oracle = MinibatchOracle(self.potential, model_args, model_kwargs, self._subsample, state.i,
-                                 random.wrap_key_data(state.shuffle_key), params=self._params_of(state))
-        key, k_idx = random.split(state.rng_key)
-        ks = self._hyper_step(state.kernel_state, self.potential.view.ravel(state.z), oracle.draw(k_idx), oracle)
-        rem = state.grad_evals_in_pass + oracle.batch_size
-        return state._replace(kernel_state=ks, rng_key=key, grad_evals_in_pass=rem % state.num_data,
-                              data_passes_done=state.data_passes_done + rem // state.num_data)
-
-    def _end_block(self, state, sampling, model_args, model_kwargs):
-        inner = self._inner._end_block(self._inner_state(state), sampling, model_args, model_kwargs)
-        state = self._outer_state(inner, state)
-        over_chains = jax.vmap if jnp.ndim(state.i) > 0 else (lambda f: f)
-        first = sampling[0] if jnp.ndim(sampling) > 0 else sampling
-
-        def per_sample(s):
-            if not self._inner._iterates_are_samples:
-                s = self._sample_hyper_step(s, model_args, model_kwargs)
-            # re-tune the kernel at the current λ (the prior curvature in ConstantSGD's ε*/P and
-            # SGFS's M, IASG's ε; the warmup noise estimate is kept)
-            return self._freeze(s, model_args, model_kwargs) if self._adapts else s
-
-        if self._adapts or not self._inner._iterates_are_samples:
-            state = jax.lax.cond(first, over_chains(per_sample), lambda s: s, state)
-        return state
-
-    def _diagnostics(self, ks):
-        text = self._inner._diagnostics(ks.inner)
-        values = ", ".join(f"{k} {float(jnp.ravel(v)[0]):.3g}" for k, v in self._constrain(ks.hyper).items())
-        return f"{text}, {values}" if text else values

@@ -80,7 +80,8 @@ def run(name, num_chains):
     samples = mcmc.get_samples(group_by_chain=True)
     out = {f"{name}/{num_chains}/sample/{k}": np.asarray(v) for k, v in samples.items()}
     out.update({f"{name}/{num_chains}/last_z/{k}": np.asarray(v) for k, v in mcmc.last_state.z.items()})
-    out[f"{name}/{num_chains}/potential_energy"] = np.asarray(mcmc.get_extra_fields(group_by_chain=True)["potential_energy"])
+    extra = mcmc.get_extra_fields(group_by_chain=True)
+    out[f"{name}/{num_chains}/potential_energy"] = np.asarray(extra["potential_energy"])
     return out
 
 

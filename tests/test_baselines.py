@@ -74,9 +74,17 @@ def test_psgld_samples_gaussian_posterior_at_small_step():
     (lambda: SGHMC(model, step_size=0.0, friction=1.0), "step_size must be a positive float"),
     (lambda: SGHMC(model, step_size=1e-3, friction=0.0), "friction must be a positive float"),
     (lambda: PSGLD(model, step_size=-1.0), "step_size must be a positive float"),
-    (lambda: PSGLD(model, step_size=1e-3, alpha=1.0), "alpha"),
+    (lambda: PSGLD(model, step_size=1e-3, decay=1.0), "decay"),
     (lambda: PSGLD(model, step_size=1e-3, damping=0.0), "damping"),
 ])
 def test_bad_arguments(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+def test_renamed_keyword_still_works_with_a_future_warning():
+    with pytest.warns(FutureWarning, match="`alpha` is renamed `decay`"):
+        PSGLD(model, step_size=1e-3, alpha=0.9)
+    # the old name's value is the one used (and validated)
+    with pytest.warns(FutureWarning), pytest.raises(ValueError, match="decay"):
+        PSGLD(model, step_size=1e-3, alpha=1.0)

@@ -21,6 +21,20 @@ CONFIGS, PATH, run = pinned_draws.CONFIGS, pinned_draws.PATH, pinned_draws.run
 
 PINNED = np.load(PATH)
 
+#: configurations whose draws moved on purpose, with why (the test checks that they did move)
+CHANGED = {
+    # the old driver skipped its warmup/sampling switch for kernels that do not adapt, so
+    # VariationalEM(SGLD) moved λ during warmup, against its documented "λ is held in warmup";
+    # the new driver runs VariationalEM's warmup step (λ held) for every inner kernel
+    "VEM-SGLD": "λ held during warmup for non-adapting inner kernels",
+}
+#: looser tolerances, with why
+TOLERANCE = {
+    # robbins_monro now evaluates in the default float dtype (float64 under x64), not float32:
+    # ε_t moves by ~5e-11 relative, the draws by ~6e-9 relative
+    "SGLD-schedule": 1e-7,
+}
+
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 @pytest.mark.parametrize("num_chains", [pytest.param(1, marks=pytest.mark.slow), 2])
@@ -30,6 +44,12 @@ def test_draws_unchanged(name, num_chains):
         got = run(name, num_chains)
     expected = {k: PINNED[k] for k in PINNED.files if k.startswith(f"{name}/{num_chains}/")}
     assert set(got) == set(expected)
+    close = {}
     for key, want in expected.items():
         scale = max(float(np.max(np.abs(want))), 1e-300)
-        np.testing.assert_allclose(got[key], want, rtol=0, atol=1e-9 * scale, err_msg=key)
+        close[key] = np.allclose(got[key], want, rtol=0, atol=TOLERANCE.get(name, 1e-9) * scale)
+    if name in CHANGED:
+        assert not all(close.values()), f"{name}: expected to differ ({CHANGED[name]})"
+    else:
+        bad = {k: float(np.max(np.abs(got[k] - expected[k]))) for k, ok in close.items() if not ok}
+        assert not bad, bad

@@ -157,8 +157,14 @@ def test_bad_arguments_optax_and_step_size():
         Santa(logistic_model, 0.0)
     with pytest.raises(ValueError, match="learning_rate"):
         santa(-1.0)
-    with pytest.raises(ValueError, match="sigma"):
-        santa(1e-3, sigma=1.5)
+    with pytest.raises(ValueError, match="decay"):
+        santa(1e-3, decay=1.5)
+    with pytest.warns(FutureWarning, match="`sigma` is renamed `decay`"):
+        santa(1e-3, sigma=0.99)
+    with pytest.warns(FutureWarning, match="`sigma` is renamed `decay`"):
+        Santa(logistic_model, 1e-3, sigma=0.99)
+    with pytest.raises(TypeError, match="both `decay` and its old name `sigma`"):
+        Santa(logistic_model, 1e-3, decay=0.9, sigma=0.99)
     with pytest.raises(ValueError, match="schedule decreases"):
         santa(1e-3, schedule=lambda t: 10.0 / (1.0 + jnp.log(t)))
     with pytest.raises(ValueError, match="power must be > 0"):
