@@ -142,7 +142,7 @@ def main(argv=None):
     # data passes it returns num_samples · steps_per_sample · S / N samples per chain
     iasg_warmup = max(1, round(args.num_warmup * sps * s / n))
     iasg_samples = max(10, round(args.num_samples * sps * s / n))
-    for name, precond in (("IASG", None), ("IASG-full", "full")):
+    for name, precond in (("IASG", "scalar"), ("IASG-full", "full")):
         run(name, IASG(model, preconditioner=precond), num_warmup=iasg_warmup, num_samples=iasg_samples)
     # The Langevin baselines have no noise estimate of their own; their step sizes come from the
     # minibatch gradient-noise covariance Q that ConstantSGD-full estimated in its warmup (U units),

@@ -276,19 +276,11 @@ class SGKernel(MCMCKernel):
         return self._steps_per_sample
 
     @property
-    def subsample(self):
-        """How sampling-phase minibatches are drawn."""
-        return self._subsample
-
-    @property
-    def warmup_subsample(self):
-        """How warmup minibatches are drawn."""
-        return self._warmup_subsample
-
-    @property
-    def init_strategy(self):
-        """The NumPyro init strategy of the initial values."""
-        return self._init_strategy
+    def driver_options(self):
+        """The options of :class:`SGKernel` this kernel was built with (``steps_per_sample``,
+        ``subsample``, ``warmup_subsample``, ``init_strategy``), e.g. for a wrapper to pass on."""
+        return dict(steps_per_sample=self._steps_per_sample, subsample=self._subsample,
+                    warmup_subsample=self._warmup_subsample, init_strategy=self._init_strategy)
 
     def build(self, potential):
         """The kernel's :class:`SGAlgorithm` for a traced model (what wrappers compose)."""
@@ -318,19 +310,20 @@ class SGKernel(MCMCKernel):
 
             >>> import jax, numpyro, numpyro.distributions as dist
             >>> from numpyro_sgd import SGLD
-            >>> y = jax.random.normal(jax.random.key(1), (1000,)) + 3.0
-            >>> def model(y):
-            ...     mu = numpyro.sample("mu", dist.Normal(0, 10))
-            ...     with numpyro.plate("data", y.shape[0], subsample_size=50) as idx:
-            ...         numpyro.sample("y", dist.Normal(mu, 1), obs=y[idx])
-            >>> alg, oracle, theta = SGLD(model, step_size=1e-4).algorithm(jax.random.key(0), y)
+            >>> times = jax.random.exponential(jax.random.key(1), (1000,)) / 2.0  # rate 2
+            >>> def waiting(times):
+            ...     log_rate = numpyro.sample("log_rate", dist.Normal(0, 3))
+            ...     with numpyro.plate("data", times.shape[0], subsample_size=50) as idx:
+            ...         numpyro.sample("t", dist.Exponential(jax.numpy.exp(log_rate)), obs=times[idx])
+            >>> alg, oracle, theta = SGLD(waiting, step_size=1e-4).algorithm(jax.random.key(0), times)
             >>> state = alg.init(jax.random.key(1), theta, 0)
             >>> def step(carry, key):
             ...     theta, state = carry
             ...     theta, state, info = alg.sample_step(key, 0, theta, state, oracle)
             ...     return (theta, state), theta
             >>> _, draws = jax.lax.scan(step, (theta, state), jax.random.split(jax.random.key(2), 500))
-            >>> bool(abs(draws[100:, 0].mean() - y.mean()) < 0.1)
+            >>> mle = float(jax.numpy.log(1000 / times.sum()))  # posterior sd of log_rate ≈ 1/√1000
+            >>> bool(abs(draws[100:, 0].mean() - mle) < 0.1)
             True
         """
         model_args, model_kwargs = as_jax_args((model_args, model_kwargs))

@@ -29,7 +29,7 @@ from .warmup import WarmupState, check_warmup_options, noise_warmup
 
 __all__ = ["IASG", "IASGState", "ValidityWarning", "iasg", "default_step_product"]
 
-IASG_PRECONDITIONERS = (None, "diag", "full")
+IASG_PRECONDITIONERS = ("scalar", "diag", "full")
 
 
 def default_step_product(error, window):
@@ -149,7 +149,7 @@ def _resolve_window(potential, window, window_error, step_size, name):
     return t, step_product
 
 
-def iasg(potential, step_size=None, window=None, preconditioner=None, *, window_error=0.05, check_validity=True,
+def iasg(potential, step_size=None, window=None, preconditioner="scalar", *, window_error=0.05, check_validity=True,
          subsample="with_replacement", name="IASG", validity_warning=None, **warmup_options):
     """The IASG algorithm (:class:`IASG`) for a traced model.
 
@@ -160,7 +160,7 @@ def iasg(potential, step_size=None, window=None, preconditioner=None, *, window_
     :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential` (plates, N, S, D).
     :param float step_size: ε (None: the default rule of :class:`IASG`).
     :param int window: T (None: ⌈N/S⌉).
-    :param preconditioner: None, ``"diag"`` or ``"full"``.
+    :param preconditioner: ``"scalar"`` (H = I), ``"diag"`` or ``"full"``.
     :param float window_error: target variance shortfall along λ_min for the default ε.
     :param bool check_validity: warn (host callback) at the end of warmup outside Eq. 46–47.
     :param validity_warning: the :class:`ValidityWarning` to call (re-armed here); default a new one.
@@ -172,7 +172,7 @@ def iasg(potential, step_size=None, window=None, preconditioner=None, *, window_
     warmup = noise_warmup(potential, full, name, **warmup_options)
     n = potential.num_data
     # Alg. 1 as written (a given ε, H = I) needs no warmup estimate: usable with num_warmup=0
-    given = step_size is not None and preconditioner is None
+    given = step_size is not None and preconditioner == "scalar"
     warn_validity = None
     if check_validity:
         warn_validity = validity_warning or ValidityWarning(name, window_error, step_size is not None)
@@ -181,7 +181,7 @@ def iasg(potential, step_size=None, window=None, preconditioner=None, *, window_
     def init(rng_key, theta, num_warmup_steps):
         d, dtype = theta.shape[0], theta.dtype
         nan = jnp.asarray(jnp.nan, dtype)
-        shape = {None: (), "diag": (d,), "full": (d, d)}[preconditioner]
+        shape = {"scalar": (), "diag": (d,), "full": (d, d)}[preconditioner]
         noise_shape = (d, d) if full else (d,)
         with warnings.catch_warnings():
             if given:  # nothing is estimated: a short warmup is no problem
@@ -205,7 +205,7 @@ def iasg(potential, step_size=None, window=None, preconditioner=None, *, window_
         # A5: the likelihood Hessian of plate p is its Fisher N_p C_p = (S_p/N_p) Q_p
         curvature = fisher_curvature(summary, potential.plates)
         a = curvature / n  # Mandt's A (Hessian of the average loss)
-        if preconditioner is None:
+        if preconditioner == "scalar":
             eig = jnp.linalg.eigvalsh(a)
             h = jnp.ones((), a.dtype)
         elif preconditioner == "diag":
@@ -258,7 +258,7 @@ class IASG(SGKernel):
     =========================  ==========================================================
     ε (θ ← θ − ε ĝ_S)          ``step_size`` (default below); ĝ_S = ∇Û_S / N
     T = N/S                    ``window`` (default ⌈N/S⌉, N and S summed over plates)
-    H ≈ A⁻¹ (Sec. 5.2, end)    ``preconditioner``: None (H = I, Alg. 1), ``"diag"``, ``"full"``
+    H ≈ A⁻¹ (Sec. 5.2, end)    ``preconditioner``: ``"scalar"`` (H = I, Alg. 1), ``"diag"``, ``"full"``
     A = BBᵀ (A5)               A_U estimated in warmup from the gradient noise + prior Hessian
     =========================  ==========================================================
 
@@ -308,7 +308,8 @@ class IASG(SGKernel):
     :param float step_size: ε in Mandt's units (optional; default above).
     :param int window: T, SG steps averaged per sample (default ⌈N/S⌉: one data pass). Another
         window scales the samples' covariance by N/(T S) (Eq. 44); a warning says so.
-    :param preconditioner: None (the paper's Alg. 1), ``"diag"`` (H = diag(A)⁻¹ from the
+    :param str preconditioner: ``"scalar"`` (H = I: the paper's Alg. 1; default; ``None`` is its old
+        name), ``"diag"`` (H = diag(A)⁻¹ from the
         diagonal noise estimate, O(S·D) warmup) or ``"full"`` (H = A⁻¹, Cholesky; D × D noise
         estimate in warmup). Without a preconditioner the full noise is estimated too (for λ_min
         and λ_max); with ``"diag"`` only the diagonal is, so the validity check sees scales
@@ -328,23 +329,28 @@ class IASG(SGKernel):
         >>> import jax, numpyro, numpyro.distributions as dist
         >>> from numpyro.infer import MCMC
         >>> from numpyro_sgd import IASG
-        >>> y = jax.random.normal(jax.random.key(1), (2000,)) + 3.0
-        >>> def model(y):
-        ...     mu = numpyro.sample("mu", dist.Normal(0, 10))
-        ...     with numpyro.plate("data", y.shape[0], subsample_size=20) as idx:
-        ...         numpyro.sample("y", dist.Normal(mu, 1), obs=y[idx])
-        >>> mcmc = MCMC(IASG(model), num_warmup=10, num_samples=1000, progress_bar=False)
+        >>> y = jax.random.bernoulli(jax.random.key(1), 0.3, (2000,))
+        >>> def logistic(y, batch=20):  # T = N/S = 100 SG steps are averaged per sample
+        ...     logit = numpyro.sample("logit", dist.Normal(0, 10))
+        ...     with numpyro.plate("data", y.shape[0], subsample_size=batch) as idx:
+        ...         numpyro.sample("y", dist.Bernoulli(logits=logit), obs=y[idx])
+        >>> mcmc = MCMC(IASG(logistic), num_warmup=10, num_samples=1000, progress_bar=False)
         >>> mcmc.run(jax.random.key(0), y, extra_fields=("data_passes",))
-        >>> sd = float(mcmc.get_samples()["mu"].std())  # posterior sd is 1/sqrt(2000) = 0.022
-        >>> bool(0.018 < sd < 0.027), float(mcmc.get_extra_fields()["data_passes"][-1])
+        >>> sd = float(mcmc.get_samples()["logit"].std())  # posterior sd ≈ 1/√(N p (1 − p)) ≈ 0.049
+        >>> bool(0.04 < sd < 0.058), float(mcmc.get_extra_fields()["data_passes"][-1])
         (True, 1010.0)
     """
 
-    def __init__(self, model, step_size=None, window=None, preconditioner=None, *, window_error=0.05,
+    def __init__(self, model, step_size=None, window=None, preconditioner="scalar", *, window_error=0.05,
                  check_validity=True, noise_estimator=None, adam_fraction=0.4, noise_window=0.4, adam_lr=(0.1, 1e-3),
                  warmup_max_step=1.0, **kwargs):
         if "steps_per_sample" in kwargs:
             raise TypeError("IASG: steps_per_sample is the averaging window; pass window=T instead.")
+        if preconditioner is None:  # the old name of H = I
+            warnings.warn("IASG: preconditioner=None is renamed preconditioner='scalar' (H = I, one meaning of "
+                          "each preconditioner name across the kernels); None stops working in the next release.",
+                          FutureWarning, stacklevel=find_stack_level())
+            preconditioner = "scalar"
         if preconditioner not in IASG_PRECONDITIONERS:
             raise ValueError(f"IASG: unknown preconditioner {preconditioner!r}; choose one of {IASG_PRECONDITIONERS}.")
         if step_size is not None and not is_positive_scalar(step_size):

@@ -186,15 +186,16 @@ class SGFS(SGKernel):
         >>> import jax, numpyro, numpyro.distributions as dist
         >>> from numpyro.infer import MCMC
         >>> from numpyro_sgd import SGFS
-        >>> y = jax.random.normal(jax.random.key(1), (2000,)) + 3.0
-        >>> def model(y):
-        ...     mu = numpyro.sample("mu", dist.Normal(0, 10))
-        ...     with numpyro.plate("data", y.shape[0], subsample_size=100) as idx:
-        ...         numpyro.sample("y", dist.Normal(mu, 1), obs=y[idx])
-        >>> mcmc = MCMC(SGFS(model, max_step=0.05), num_warmup=500, num_samples=2000, progress_bar=False)
-        >>> mcmc.run(jax.random.key(0), y)
-        >>> sd = float(mcmc.get_samples()["mu"].std())  # posterior sd is 1/sqrt(2000) = 0.022
-        >>> bool(0.015 < sd < 0.03)
+        >>> counts = jax.random.poisson(jax.random.key(1), 4.0, (2000,))
+        >>> def poisson_model(counts):
+        ...     rate = numpyro.sample("rate", dist.Gamma(1.0, 0.1))
+        ...     with numpyro.plate("data", len(counts), subsample_size=100) as idx:
+        ...         numpyro.sample("counts", dist.Poisson(rate), obs=counts[idx])
+        >>> kernel = SGFS(poisson_model, max_step=0.05)  # a step cap: noise is injected where it binds
+        >>> mcmc = MCMC(kernel, num_warmup=500, num_samples=2000, progress_bar=False)
+        >>> mcmc.run(jax.random.key(0), counts)
+        >>> sd = float(mcmc.get_samples()["rate"].std())  # Gamma posterior: sd = √(1 + Σy) / 2000.1 ≈ 0.045
+        >>> bool(0.035 < sd < 0.055)
         True
     """
 

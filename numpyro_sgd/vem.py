@@ -209,9 +209,7 @@ class VariationalEM(SGKernel):
             )
         if hyper_optimizer is not None and not isinstance(hyper_optimizer, optax.GradientTransformation):
             raise TypeError("VariationalEM: hyper_optimizer must be an optax GradientTransformation.")
-        super().__init__(kernel.subsampled_model, steps_per_sample=kernel.steps_per_sample,
-                         subsample=kernel.subsample, warmup_subsample=kernel.warmup_subsample,
-                         init_strategy=kernel.init_strategy)
+        super().__init__(kernel.subsampled_model, **kernel.driver_options)
         self._inner = kernel
         self._rate = (float(hyper_step_size), float(hyper_offset), float(hyper_decay))
         self._hyper_optimizer = hyper_optimizer

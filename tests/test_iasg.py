@@ -233,3 +233,14 @@ def test_window_other_than_one_pass_warns_with_the_scale():
 def test_bad_arguments(kwargs, error, match):
     with pytest.raises(error, match=match):
         IASG(model, **kwargs)
+
+
+def test_old_preconditioner_name_warns_and_means_scalar():
+    with pytest.warns(FutureWarning, match="preconditioner=None is renamed preconditioner='scalar'"):
+        kernel = IASG(model, preconditioner=None, step_size=0.2)
+    x, y = _small()
+    alg, _, theta = kernel.algorithm(jax.random.key(0), x, y)
+    state = alg.init(jax.random.key(1), theta, 0)
+    assert state.preconditioner.shape == ()  # H = I: P = ε/N, a scalar
+    np.testing.assert_allclose(float(state.preconditioner), 0.2 / x.shape[0])
+

@@ -11,27 +11,50 @@ import numpyro.distributions as dist
 import pytest
 from numpyro.infer import MCMC
 
-from numpyro_sgd import IASG, PSGLD, SGFS, SGHMC, SGLD, ConstantSGD, Santa
+from numpyro_sgd import (
+    EWSG,
+    EWSGVR,
+    IASG,
+    PSGLD,
+    SGFS,
+    SGHMC,
+    SGLD,
+    ConstantSGD,
+    OverdampedEWSG,
+    Santa,
+    VariationalEM,
+)
 
+#: (factory, data passes per 100 SG steps of the runs below: per-datum gradients per step × 100 / N)
 KERNELS = [
-    pytest.param(lambda m, **kw: SGLD(m, step_size=1e-4, **kw), id="SGLD"),
-    pytest.param(lambda m, **kw: ConstantSGD(m, "diag", **kw), id="ConstantSGD-diag"),
-    pytest.param(lambda m, **kw: ConstantSGD(m, "full", momentum=0.5, **kw), id="ConstantSGD-full-momentum"),
-    pytest.param(lambda m, **kw: SGFS(m, "diag", max_step=1e-3, **kw), id="SGFS-diag"),
-    pytest.param(lambda m, **kw: PSGLD(m, step_size=1e-5, **kw), id="PSGLD"),
-    pytest.param(lambda m, **kw: SGHMC(m, step_size=1e-3, friction=20.0, **kw), id="SGHMC"),
+    pytest.param(lambda m, **kw: SGLD(m, step_size=1e-4, **kw), 5, id="SGLD"),
+    pytest.param(lambda m, **kw: ConstantSGD(m, "diag", **kw), 5, id="ConstantSGD-diag"),
+    pytest.param(lambda m, **kw: ConstantSGD(m, "full", momentum=0.5, **kw), 5, id="ConstantSGD-full-momentum"),
+    pytest.param(lambda m, **kw: SGFS(m, "diag", max_step=1e-3, **kw), 5, id="SGFS-diag"),
+    pytest.param(lambda m, **kw: PSGLD(m, step_size=1e-5, **kw), 5, id="PSGLD"),
+    pytest.param(lambda m, **kw: SGHMC(m, step_size=1e-3, friction=20.0, **kw), 5, id="SGHMC"),
     # the window is IASG's steps_per_sample (a window ≠ N/S warns that the covariance is rescaled)
     pytest.param(lambda m, steps_per_sample=1, **kw: IASG(m, window=steps_per_sample, preconditioner="diag",
-                                                              check_validity=False, **kw),
+                                                              check_validity=False, **kw), 5,
                  id="IASG-diag", marks=pytest.mark.filterwarnings("ignore:IASG")),
-    pytest.param(lambda m, **kw: Santa(m, step_size=1e-6, **kw), id="Santa"),
+    pytest.param(lambda m, **kw: Santa(m, step_size=1e-6, **kw), 5, id="Santa"),
+    # M = 1: two minibatch gradients per step
+    pytest.param(lambda m, **kw: EWSG(m, step_size=1e-3, friction=20.0, **kw), 10, id="EWSG"),
+    pytest.param(lambda m, **kw: OverdampedEWSG(m, step_size=1e-4, **kw), 10, id="OverdampedEWSG"),
+    # (M + 2) S per step and a full-data calibration every ⌈N / ((M + 1) S)⌉ = 10 steps: 15 + 10 passes
+    pytest.param(lambda m, **kw: EWSGVR(m, step_size=1e-4, friction=20.0, **kw), 25, id="EWSGVR"),
 ]
+#: VariationalEM fits the model's param site; one more minibatch gradient (for λ) per sampling step
+VEM = pytest.param(lambda m, **kw: VariationalEM(ConstantSGD(m, "diag", **kw)), None, id="VariationalEM")
+KERNELS_AND_VEM = KERNELS + [VEM]
 
 N, S = 500, 25
 
 
 def model(y):
-    mu = numpyro.sample("mu", dist.Normal(0, 10))
+    # a param site: held at its init value by the kernels (as NUTS does), fitted by VariationalEM
+    prior_scale = numpyro.param("prior_scale", 10.0, constraint=dist.constraints.positive)
+    mu = numpyro.sample("mu", dist.Normal(0, prior_scale))
     sigma = numpyro.sample("sigma", dist.HalfNormal(2.0))
     with numpyro.plate("data", y.shape[0], subsample_size=S) as idx:
         numpyro.sample("obs", dist.Normal(mu, sigma), obs=y[idx])
@@ -40,15 +63,22 @@ def model(y):
 Y = jnp.asarray(np.random.default_rng(0).normal(1.0, 0.5, N))
 
 
+def _passes(passes_per_100, warmup_steps, sample_steps):
+    """Expected data passes; VariationalEM (None): S per warmup step, 2 S per sampling step."""
+    if passes_per_100 is None:
+        return (warmup_steps + 2 * sample_steps) * S / N
+    return passes_per_100 * (warmup_steps + sample_steps) / 100
+
+
 def _mcmc(make, num_chains=1, chain_method="vectorized", progress_bar=False, steps_per_sample=1, **kw):
     return MCMC(make(model, steps_per_sample=steps_per_sample), num_warmup=60, num_samples=40,
                 num_chains=num_chains, chain_method=chain_method, progress_bar=progress_bar, **kw)
 
 
-@pytest.mark.parametrize("make", KERNELS)
+@pytest.mark.parametrize("make, passes", KERNELS_AND_VEM)
 # each chain method and each progress-bar path once (the four combinations cost 2 minutes of CI)
 @pytest.mark.parametrize("chain_method, progress_bar", [("vectorized", True), ("sequential", False)])
-def test_two_chains(make, chain_method, progress_bar):
+def test_two_chains(make, passes, chain_method, progress_bar):
     mcmc = _mcmc(make, num_chains=2, chain_method=chain_method, progress_bar=progress_bar)
     mcmc.run(jax.random.key(0), Y, extra_fields=("potential_energy", "data_passes", "num_divergences"))
     s = mcmc.get_samples(group_by_chain=True)
@@ -57,12 +87,12 @@ def test_two_chains(make, chain_method, progress_bar):
     assert mcmc.get_samples()["mu"].shape == (80,)
     extra = mcmc.get_extra_fields(group_by_chain=True)
     assert extra["potential_energy"].shape == (2, 40) and extra["diverging"].shape == (2, 40)
-    # data passes: 100 SG steps × S per-datum gradients / N
-    np.testing.assert_allclose(extra["data_passes"][:, -1], 100 * S / N)
+    # data passes: 60 warmup and 40 sampling SG steps
+    np.testing.assert_allclose(extra["data_passes"][:, -1], _passes(passes, 60, 40))
 
 
-@pytest.mark.parametrize("make", KERNELS)
-def test_same_key_same_samples_and_different_key_different(make):
+@pytest.mark.parametrize("make, passes", KERNELS_AND_VEM)
+def test_same_key_same_samples_and_different_key_different(make, passes):
     a, b, c = _mcmc(make), _mcmc(make), _mcmc(make)
     a.run(jax.random.key(1), Y)
     b.run(jax.random.key(1), Y)
@@ -71,8 +101,8 @@ def test_same_key_same_samples_and_different_key_different(make):
     assert not np.array_equal(a.get_samples()["mu"], c.get_samples()["mu"])
 
 
-@pytest.mark.parametrize("make", KERNELS)
-def test_continuation_and_pickling(make):
+@pytest.mark.parametrize("make, passes", KERNELS_AND_VEM)
+def test_continuation_and_pickling(make, passes):
     mcmc = _mcmc(make)
     mcmc.run(jax.random.key(3), Y)
     first = mcmc.get_samples()["mu"]
@@ -87,8 +117,8 @@ def test_continuation_and_pickling(make):
     assert int(clone.last_state.i) == 180
 
 
-@pytest.mark.parametrize("make", KERNELS)
-def test_warmup_then_run(make):
+@pytest.mark.parametrize("make, passes", KERNELS_AND_VEM)
+def test_warmup_then_run(make, passes):
     mcmc = _mcmc(make)
     mcmc.warmup(jax.random.key(4), Y)
     assert int(mcmc.post_warmup_state.i) == 60
@@ -96,17 +126,17 @@ def test_warmup_then_run(make):
     assert int(mcmc.last_state.i) == 100
 
 
-@pytest.mark.parametrize("make", KERNELS)
-def test_steps_per_sample(make):
+@pytest.mark.parametrize("make, passes", KERNELS_AND_VEM)
+def test_steps_per_sample(make, passes):
     mcmc = _mcmc(make, steps_per_sample=5)
     mcmc.run(jax.random.key(6), Y, extra_fields=("i", "data_passes"))
     extra = mcmc.get_extra_fields()
     np.testing.assert_array_equal(extra["i"], 300 + 5 * np.arange(1, 41))  # 60 × 5 warmup steps
-    np.testing.assert_allclose(extra["data_passes"][-1], 500 * S / N)
+    np.testing.assert_allclose(extra["data_passes"][-1], _passes(passes, 300, 200))
 
 
-@pytest.mark.parametrize("make", KERNELS)
-def test_print_summary_and_arviz(make, capsys):
+@pytest.mark.parametrize("make, passes", KERNELS_AND_VEM)
+def test_print_summary_and_arviz(make, passes, capsys):
     mcmc = _mcmc(make, num_chains=2)
     mcmc.run(jax.random.key(7), Y)
     mcmc.print_summary()
@@ -120,8 +150,8 @@ def test_print_summary_and_arviz(make, capsys):
     assert idata["observed_data"]["obs"].shape == (N,)
 
 
-@pytest.mark.parametrize("make", KERNELS)
-def test_diagnostics_string(make):
+@pytest.mark.parametrize("make, passes", KERNELS_AND_VEM)
+def test_diagnostics_string(make, passes):
     mcmc = _mcmc(make)
     mcmc.run(jax.random.key(8), Y)
     text = mcmc.sampler.get_diagnostics_str(mcmc.last_state)

@@ -137,8 +137,8 @@ def test_optax_transformation_is_an_optimizer_on_a_quadratic():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"sigma": 1.0}, "sigma"),
-    ({"sigma": 0.0}, "sigma"),
+    ({"decay": 1.0}, "decay"),
+    ({"decay": 0.0}, "decay"),
     ({"damping": 0.0}, "damping"),
     ({"damping": -1e-8}, "damping"),
     ({"scheme": "leapfrog"}, "unknown scheme"),
