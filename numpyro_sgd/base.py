@@ -165,6 +165,13 @@ def _is_tracer(x):
     return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(x))
 
 
+def _python_scalars(model_args, model_kwargs):
+    """Positions and names of the Python scalar model arguments (e.g. a ``subsample_size``)."""
+    scalar = (int, float, bool, str)
+    return ({i: v for i, v in enumerate(model_args) if isinstance(v, scalar)},
+            {k: v for k, v in model_kwargs.items() if isinstance(v, scalar)})
+
+
 def _finite(x, before=None):
     """Whether a float array is finite (given ``before``: whether no entry *became* non-finite)."""
     if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
@@ -202,12 +209,15 @@ class SGKernel(MCMCKernel):
         ``"shuffle"`` (epoch-wise reshuffling) is allowed here only, since it biases the
         stationary law.
     :param init_strategy: NumPyro init strategy for the unconstrained initial values.
+    :param subsample_size: minibatch size S to use instead of the one the model's plate declares
+        (an int for every subsample plate, or ``{plate name: S}``); the N/S scaling follows. Lets
+        you pick the throughput-optimal S without editing the model (see the README).
     """
 
     sample_field = "z"
 
     def __init__(self, model, *, steps_per_sample=1, subsample="with_replacement",
-                 warmup_subsample=None, init_strategy=init_to_uniform):
+                 warmup_subsample=None, init_strategy=init_to_uniform, subsample_size=None):
         name = type(self).__name__
         if not callable(model):
             raise TypeError(f"{name}: `model` must be a NumPyro model (a callable), got {type(model).__name__}.")
@@ -229,7 +239,15 @@ class SGKernel(MCMCKernel):
         self._subsample = subsample
         self._warmup_subsample = warmup_subsample
         self._init_strategy = init_strategy
+        sizes = subsample_size.values() if isinstance(subsample_size, dict) else [subsample_size]
+        if subsample_size is not None and not all(
+                isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1 for v in sizes):
+            raise ValueError(f"{name}: subsample_size must be an integer >= 1 or a dict {{plate name: integer}}, "
+                             f"got {subsample_size!r}.")
+        self._subsample_size = subsample_size
         self._potential = None
+        self._run_args = ((), {})
+        self._static_args = ({}, {})
         self._algorithm = None
         self._sample_fn = None
         self._diag_time, self._diag_text = -1.0, ""
@@ -276,11 +294,25 @@ class SGKernel(MCMCKernel):
         return self._steps_per_sample
 
     @property
+    def run_args(self):
+        """``(model_args, model_kwargs)`` of the last :meth:`init` (the last ``MCMC.run``)."""
+        if self._potential is None:
+            raise RuntimeError(f"{type(self).__name__}: call MCMC.run (or kernel.init) first.")
+        return self._run_args
+
+    @property
+    def is_initialized(self):
+        """Whether :meth:`init` has traced the model (``potential`` is available)."""
+        return self._potential is not None
+
+    @property
     def driver_options(self):
         """The options of :class:`SGKernel` this kernel was built with (``steps_per_sample``,
-        ``subsample``, ``warmup_subsample``, ``init_strategy``), e.g. for a wrapper to pass on."""
+        ``subsample``, ``warmup_subsample``, ``init_strategy``, ``subsample_size``), e.g. for a
+        wrapper to pass on."""
         return dict(steps_per_sample=self._steps_per_sample, subsample=self._subsample,
-                    warmup_subsample=self._warmup_subsample, init_strategy=self._init_strategy)
+                    warmup_subsample=self._warmup_subsample, init_strategy=self._init_strategy,
+                    subsample_size=self._subsample_size)
 
     def build(self, potential):
         """The kernel's :class:`SGAlgorithm` for a traced model (what wrappers compose)."""
@@ -337,7 +369,7 @@ class SGKernel(MCMCKernel):
     def _setup(self, rng_key, model_args, model_kwargs):
         self._potential = SubsampledPotential.from_model(
             self._model, model_args, model_kwargs, rng_key=rng_key,
-            init_strategy=self._init_strategy, kernel_name=type(self).__name__,
+            init_strategy=self._init_strategy, kernel_name=type(self).__name__, subsample_size=self._subsample_size,
         )
         self._algorithm = self.build(self._potential)
         if self._algorithm.window is not None:
@@ -350,6 +382,9 @@ class SGKernel(MCMCKernel):
         if not isinstance(num_warmup, int) and not _is_tracer(num_warmup):
             num_warmup = int(num_warmup)
         algorithm = self._setup(rng_key[0] if vectorized else rng_key, model_args, model_kwargs)
+        if not _is_tracer((model_args, model_kwargs)):  # not under pmap (chain_method="parallel")
+            self._run_args = (model_args, model_kwargs)
+            self._static_args = _python_scalars(model_args, model_kwargs)
         potential = self._potential
         num_warmup_steps = num_warmup * self._steps_per_sample
         if init_params is not None:
@@ -395,7 +430,8 @@ class SGKernel(MCMCKernel):
         model_kwargs = {} if model_kwargs is None else model_kwargs
 
         def postprocess(z):
-            return potential.constrain(potential.view.ravel(z), model_args, model_kwargs)
+            model_args_, model_kwargs_ = self._static(model_args, model_kwargs)
+            return potential.constrain(potential.view.ravel(z), model_args_, model_kwargs_)
 
         return postprocess
 
@@ -427,6 +463,16 @@ class SGKernel(MCMCKernel):
         )
         return state, jnp.where(ok, new_theta, theta)
 
+    def _static(self, model_args, model_kwargs):
+        """Python scalars among the model arguments stay Python scalars: with
+        ``MCMC(..., jit_model_args=True)`` NumPyro passes every argument into its compiled loop,
+        where an int such as a ``subsample_size`` argument would become a tracer that
+        ``numpyro.plate`` cannot use. The values are those of the run's :meth:`init`."""
+        positions, names = self._static_args
+        model_args = tuple(positions[i] if i in positions and _is_tracer(a) else a for i, a in enumerate(model_args))
+        model_kwargs = {k: names[k] if k in names and _is_tracer(v) else v for k, v in model_kwargs.items()}
+        return model_args, model_kwargs
+
     def sample(self, state, model_args, model_kwargs):
         """``steps_per_sample`` SG steps in one compiled loop.
 
@@ -436,7 +482,7 @@ class SGKernel(MCMCKernel):
         warmup freezes the adapted quantities (``end_warmup``). Inside the block the flat θ is
         carried (not the dict ``z``).
         """
-        model_kwargs = {} if model_kwargs is None else model_kwargs
+        model_args, model_kwargs = self._static(model_args, {} if model_kwargs is None else model_kwargs)
         alg = self._get_algorithm()
         view = self.potential.view
         vectorized = jnp.ndim(state.i) > 0

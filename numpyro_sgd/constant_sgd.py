@@ -38,7 +38,7 @@ class ConstantSGDState(NamedTuple):
     preconditioner: jnp.ndarray
     #: ε in Mandt's units (H = ε B), the KL-optimal ε* unless ``step_size`` was given
     step_size: jnp.ndarray
-    #: momentum damping μ ∈ (0, 1] (1: plain SGD)
+    #: momentum μ ∈ (0, 1] of Eq. 27 (1: plain SGD)
     momentum: jnp.ndarray
     #: velocity v of the momentum update (zeros without momentum)
     velocity: jnp.ndarray
@@ -103,7 +103,7 @@ def constant_sgd(potential, preconditioner="diag", *, step_size=None, momentum=1
             injection = psd_factor(summary.prior_curvature).astype(noise.dtype)
             effective = effective + (injection @ injection.T if full else injection**2)
         # a user ε is the same path with ε given (H = ε B; Eq. 27 takes it as is); the
-        # KL-optimal rate with damping μ is μ ε* (Eq. 31)
+        # KL-optimal rate with momentum μ is μ ε* (Eq. 31)
         precond, eps = kl_optimal_preconditioner(preconditioner, effective if step_size is None else noise, 2.0,
                                                  step_size, potential.num_data, potential.batch_size)
         factor = state.momentum if step_size is None else 1.0
@@ -139,7 +139,7 @@ class ConstantSGD(SGKernel):
     ε, H = ε B             ``step_size`` (default: the KL-optimal ε*), ``preconditioner``
     C = BBᵀ (per datum)    estimated in warmup, ``noise_estimator``; stored as Q = N² C/S
     S, N                   the model's ``numpyro.plate(..., N, subsample_size=S)``
-    μ (damping)            ``momentum`` (1 = no momentum)
+    μ (Eq. 27)             ``momentum`` (1 = no momentum)
     =====================  ============================================================
 
     Warmup (``num_warmup * steps_per_sample`` SG steps; :mod:`numpyro_sgd.warmup`): Adam, then
@@ -181,7 +181,7 @@ class ConstantSGD(SGKernel):
     :param model: NumPyro model with a subsample plate.
     :param str preconditioner: ``"scalar"``, ``"diag"``, ``"full"`` or ``"sqrt"`` (default ``"diag"``).
     :param float step_size: ε in Mandt's units overriding ε* (optional).
-    :param float momentum: damping μ ∈ (0, 1]; 1 (default) is plain SGD.
+    :param float momentum: μ ∈ (0, 1] of Eq. 27 (v ← (1 − μ) v − P ∇Û_S); 1 (default) is plain SGD.
     :param bool discrete_time_correction: use c = 2/(f + S/N) instead of 2 (default True).
     :param bool prior_noise: inject gradient noise with the prior's curvature (see the note;
         default False; needs the KL-optimal rate, i.e. no ``step_size``).
@@ -221,7 +221,7 @@ class ConstantSGD(SGKernel):
             raise ValueError(f"ConstantSGD: step_size must be a positive float or None (use ε*), got {step_size!r}.")
         if not 0 < momentum <= 1:
             raise ValueError(
-                f"ConstantSGD: momentum (damping μ) must lie in (0, 1], got {momentum}; 1 means no momentum."
+                f"ConstantSGD: momentum (μ of Mandt Eq. 27) must lie in (0, 1], got {momentum}; 1 means no momentum."
             )
         if prior_noise and step_size is not None:
             raise ValueError(

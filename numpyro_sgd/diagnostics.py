@@ -191,7 +191,7 @@ def to_arviz(mcmc, *args, chunk_size=10_000, log_likelihood=True, **kwargs):
     """
     kernel = _kernel_of(mcmc)
     if not args and not kwargs:
-        args, kwargs = mcmc._args, mcmc._kwargs
+        args, kwargs = kernel.run_args
     samples = {k: np.asarray(v) for k, v in mcmc.get_samples(group_by_chain=True).items()}
     groups = {"posterior": samples}
     extra = {k: np.asarray(v) for k, v in mcmc.get_extra_fields(group_by_chain=True).items()}
@@ -226,7 +226,7 @@ def _transforms_from(runs, transforms):
 
     for run in runs.values():
         kernel = getattr(run, "sampler", None)
-        if isinstance(kernel, SGKernel) and kernel._potential is not None:
+        if isinstance(kernel, SGKernel) and kernel.is_initialized:
             return kernel.potential.transforms
     return {}
 

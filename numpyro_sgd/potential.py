@@ -165,8 +165,13 @@ class SubsampledPotential:
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_model(cls, model, model_args=(), model_kwargs=None, *, rng_key=None,
-                   init_strategy=init_to_uniform, kernel_name="numpyro_sgd"):
-        """Trace ``model`` once, discover its subsample plates and sites, and validate it."""
+                   init_strategy=init_to_uniform, kernel_name="numpyro_sgd", subsample_size=None):
+        """Trace ``model`` once, discover its subsample plates and sites, and validate it.
+
+        ``subsample_size`` (an int for every subsample plate, or ``{plate name: S}``) replaces the
+        minibatch size the model declares; NumPyro's plate then scales by N/S of the indices the
+        kernel substitutes, so the potential stays unbiased.
+        """
         model_kwargs = {} if model_kwargs is None else model_kwargs
         rng_key = random.key(0) if rng_key is None else rng_key
         finder = _SetPlateIndices()
@@ -177,7 +182,7 @@ class SubsampledPotential:
             tr = traced.get_trace(*model_args, **model_kwargs)
         except NotImplementedError as e:  # pragma: no cover - unusual user distributions
             raise ValueError(f"{kernel_name}: could not trace the model: {e}") from e
-        plates = tuple(finder.found.values())
+        plates = _override_subsample_sizes(tuple(finder.found.values()), subsample_size, kernel_name)
         if not plates:
             raise ValueError(
                 f"{kernel_name}: the model has no subsample plate; wrap the likelihood in "
@@ -386,6 +391,26 @@ class SubsampledPotential:
             out = constrain_fn(model, model_args, model_kwargs, self.view.unravel(theta),
                                return_deterministic=True)
         return {k: v for k, v in out.items() if k not in self.plate_deterministic}
+
+
+def _override_subsample_sizes(plates, subsample_size, kernel_name):
+    """The plates with the kernel's ``subsample_size`` in place of the model's (see ``from_model``)."""
+    if subsample_size is None or not plates:
+        return plates
+    names = [p.name for p in plates]
+    sizes = subsample_size if isinstance(subsample_size, dict) else {name: subsample_size for name in names}
+    unknown = sorted(set(sizes) - set(names))
+    if unknown:
+        raise ValueError(f"{kernel_name}: subsample_size names {unknown}, which are not subsample plates of the "
+                         f"model (those are {names}); declare numpyro.plate(name, N, subsample_size=S) in the model.")
+    out = []
+    for p in plates:
+        s = sizes.get(p.name, p.subsample_size)
+        if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or not 1 <= s <= p.size:
+            raise ValueError(f"{kernel_name}: subsample_size={s!r} for plate '{p.name}' must be an integer in "
+                             f"[1, {p.size}] (the plate's size N).")
+        out.append(p._replace(subsample_size=int(s)))
+    return tuple(out)
 
 
 class MinibatchOracle:

@@ -12,7 +12,6 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 from jax import random
-from numpyro.infer.initialization import init_to_uniform
 
 from .base import SGAlgorithm, SGKernel, StepInfo, is_positive_scalar, renamed_keyword
 from .diffusions import overdamped_langevin
@@ -109,10 +108,8 @@ class SGLD(SGKernel):
         True
     """
 
-    def __init__(self, model, step_size, *, temperature=1.0, steps_per_sample=1,
-                 subsample="with_replacement", warmup_subsample=None, init_strategy=init_to_uniform):
-        super().__init__(model, steps_per_sample=steps_per_sample, subsample=subsample,
-                         warmup_subsample=warmup_subsample, init_strategy=init_strategy)
+    def __init__(self, model, step_size, *, temperature=1.0, **kwargs):
+        super().__init__(model, **kwargs)
         if not callable(step_size) and not is_positive_scalar(step_size):
             raise ValueError(
                 f"SGLD: step_size must be a positive float or a schedule (count -> step size), got {step_size!r}."

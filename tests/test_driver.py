@@ -1,0 +1,63 @@
+"""Driver options that change what the user writes: a kernel-level ``subsample_size`` and
+``MCMC(..., jit_model_args=True)`` with the minibatch size passed as a model argument."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from numpyro.infer import MCMC
+
+from numpyro_sgd import SGLD, ConstantSGD
+
+N = 1000
+_rng = np.random.default_rng(0)
+X = jnp.asarray(_rng.normal(size=(N, 2)))
+Y = X @ jnp.array([1.0, -0.5]) + jnp.asarray(_rng.normal(size=N))
+
+
+def model(x, y, subsample_size=10):
+    w = numpyro.sample("w", dist.Normal(0, 1).expand([2]).to_event(1))
+    with numpyro.plate("data", x.shape[0], subsample_size=subsample_size) as idx:
+        numpyro.sample("y", dist.Normal(x[idx] @ w, 1.0), obs=y[idx])
+
+
+def _run(kernel, *args, progress_bar=False, **mcmc_kw):
+    mcmc = MCMC(kernel, num_warmup=100, num_samples=50, progress_bar=progress_bar, **mcmc_kw)
+    mcmc.run(jax.random.key(3), *args, extra_fields=("data_passes",))
+    return mcmc
+
+
+def test_kernel_subsample_size_is_the_model_declaring_it():
+    """subsample_size=40 on the kernel draws exactly what a model declaring S = 40 draws, with
+    NumPyro's N/S scaling (so the same potentials) and 40 per-datum gradients per step."""
+    overridden = _run(ConstantSGD(model, "full", subsample_size=40), X, Y)
+    declared = _run(ConstantSGD(model, "full"), X, Y, 40)
+    np.testing.assert_array_equal(overridden.get_samples()["w"], declared.get_samples()["w"])
+    np.testing.assert_allclose(overridden.get_extra_fields()["data_passes"][-1], 150 * 40 / N)
+    assert overridden.sampler.potential.plates[0].subsample_size == 40
+
+
+@pytest.mark.parametrize("progress_bar", [False, True])
+def test_jit_model_args_with_the_minibatch_size_as_an_argument(progress_bar):
+    """NumPyro passes every argument into its compiled loop with jit_model_args=True; the kernel
+    keeps Python ints static, so the plate works and the draws are those of the default path."""
+    jitted = _run(SGLD(model, step_size=1e-4), X, Y, 20, jit_model_args=True, progress_bar=progress_bar)
+    plain = _run(SGLD(model, step_size=1e-4), X, Y, 20)
+    np.testing.assert_allclose(jitted.get_samples()["w"], plain.get_samples()["w"], rtol=1e-12)
+    # continuation from the post-warmup state keeps working
+    jitted.post_warmup_state = jitted.last_state
+    jitted.run(jitted.post_warmup_state.rng_key, X, Y, 20)
+    assert int(jitted.last_state.i) == 200
+
+
+@pytest.mark.parametrize("size, match", [
+    (0, "subsample_size must be an integer >= 1"),
+    (2.5, "subsample_size must be an integer >= 1"),
+    ({"other": 5}, r"names \['other'\], which are not subsample plates"),
+    (5000, r"must be an integer in \[1, 1000\]"),
+])
+def test_bad_subsample_size(size, match):
+    with pytest.raises(ValueError, match=match):
+        _run(ConstantSGD(model, subsample_size=size), X, Y)
