@@ -172,6 +172,13 @@ def _python_scalars(model_args, model_kwargs):
             {k: v for k, v in model_kwargs.items() if isinstance(v, scalar)})
 
 
+def _count_grad_evals(state, evals):
+    """Add ``evals`` per-datum gradient evaluations to the data-pass count (exact, no int overflow)."""
+    rem = state.grad_evals_in_pass + evals
+    return state._replace(data_passes_done=state.data_passes_done + rem // state.num_data,
+                          grad_evals_in_pass=rem % state.num_data)
+
+
 def _finite(x, before=None):
     """Whether a float array is finite (given ``before``: whether no entry *became* non-finite)."""
     if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
@@ -449,12 +456,9 @@ class SGKernel(MCMCKernel):
         new_theta, ks, info = step_fn(k_step, state.i, theta, state.kernel_state, oracle)
         ok = (jnp.isfinite(info.potential_energy) & _finite(new_theta) & potential.constrained_is_finite(new_theta)
               & _changed_finite(ks, state.kernel_state))
-        rem = state.grad_evals_in_pass + info.num_grad_evals
-        state = state._replace(
+        state = _count_grad_evals(state, info.num_grad_evals)._replace(
             i=state.i + 1,
             potential_energy=jnp.where(ok, info.potential_energy, state.potential_energy),
-            data_passes_done=state.data_passes_done + rem // state.num_data,
-            grad_evals_in_pass=rem % state.num_data,
             num_divergences=state.num_divergences + (~ok),
             first_divergence=jnp.where((state.first_divergence < 0) & ~ok, state.i, state.first_divergence),
             diverging=state.diverging | ~ok,
@@ -534,9 +538,7 @@ class SGKernel(MCMCKernel):
         oracle = self._oracle(state, model_args, model_kwargs, self._subsample)
         key, theta, ks, evals = self._get_algorithm().end_block(state.rng_key, theta, state.kernel_state, oracle,
                                                                 sampling)
-        rem = state.grad_evals_in_pass + evals
-        return state._replace(kernel_state=ks, rng_key=key, grad_evals_in_pass=rem % state.num_data,
-                              data_passes_done=state.data_passes_done + rem // state.num_data), theta
+        return _count_grad_evals(state, evals)._replace(kernel_state=ks, rng_key=key), theta
 
     # ------------------------------------------------------------------ reporting
     def get_diagnostics_str(self, state):

@@ -23,6 +23,7 @@ from .noise import (
     effective_curvature,
     kl_optimal_preconditioner,
     psd_factor,
+    resolve_preconditioner,
 )
 from .noise import discrete_time_correction as correction_factor
 from .warmup import WarmupState, check_warmup_options, noise_warmup
@@ -63,13 +64,14 @@ def constant_sgd_step(theta, velocity, grad, preconditioner, momentum):
     return theta + velocity, velocity
 
 
-def constant_sgd(potential, preconditioner="diag", *, step_size=None, momentum=1.0, discrete_time_correction=True,
+def constant_sgd(potential, preconditioner="auto", *, step_size=None, momentum=1.0, discrete_time_correction=True,
                  prior_noise=False, subsample="with_replacement", name="ConstantSGD", **warmup_options):
     """The constant-SGD algorithm (:class:`ConstantSGD`) for a traced model.
 
     :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential` (plates, N, S, D).
     :return: :class:`~numpyro_sgd.base.SGAlgorithm`.
     """
+    preconditioner = resolve_preconditioner(preconditioner, potential.dim)
     warmup = noise_warmup(potential, preconditioner == "full", name, **warmup_options)
     full = preconditioner == "full"
     without_replacement = subsample == "without_replacement"
@@ -116,6 +118,9 @@ def constant_sgd(potential, preconditioner="diag", *, step_size=None, momentum=1
         if prior_noise:                                                      # + ξ ~ N(0, Ξ) (Thm. 3)
             z = random.normal(random.fold_in(rng_key, 1), theta.shape, theta.dtype)
             grad = grad + apply_preconditioner(state.injection, z)
+        if momentum == 1.0:  # Eq. 15: θ ← θ − P ∇Û_S (the velocity is not carried; same numbers as μ = 1 in Eq. 27)
+            return theta - apply_preconditioner(state.preconditioner, grad), state, StepInfo(pe, oracle.batch_size,
+                                                                                            indices)
         theta, velocity = constant_sgd_step(theta, state.velocity, grad, state.preconditioner, state.momentum)
         return theta, state._replace(velocity=velocity), StepInfo(pe, oracle.batch_size, indices)
 
@@ -179,7 +184,8 @@ class ConstantSGD(SGKernel):
        is strongly correlated (ALGORITHMS.md); prefer ``"full"`` there.
 
     :param model: NumPyro model with a subsample plate.
-    :param str preconditioner: ``"scalar"``, ``"diag"``, ``"full"`` or ``"sqrt"`` (default ``"diag"``).
+    :param str preconditioner: ``"scalar"``, ``"diag"``, ``"full"``, ``"sqrt"`` or ``"auto"`` (default:
+        ``"full"`` up to D = 1000, ``"diag"`` above; :data:`~numpyro_sgd.noise.AUTO_FULL_MAX_DIM`).
     :param float step_size: ε in Mandt's units overriding ε* (optional).
     :param float momentum: μ ∈ (0, 1] of Eq. 27 (v ← (1 − μ) v − P ∇Û_S); 1 (default) is plain SGD.
     :param bool discrete_time_correction: use c = 2/(f + S/N) instead of 2 (default True).
@@ -207,12 +213,12 @@ class ConstantSGD(SGKernel):
         True
     """
 
-    def __init__(self, model, preconditioner="diag", *, step_size=None, momentum=1.0,
+    def __init__(self, model, preconditioner="auto", *, step_size=None, momentum=1.0,
                  discrete_time_correction=True, prior_noise=False, noise_estimator=None, adam_fraction=0.4,
                  noise_window=0.4, adam_lr=(0.1, 1e-3), warmup_max_step=1.0, **kwargs):
-        if preconditioner not in PRECONDITIONERS:
+        if preconditioner not in PRECONDITIONERS + ("auto",):
             raise ValueError(
-                f"ConstantSGD: unknown preconditioner {preconditioner!r}; choose one of {PRECONDITIONERS}."
+                f"ConstantSGD: unknown preconditioner {preconditioner!r}; choose one of {PRECONDITIONERS + ('auto',)}."
             )
         super().__init__(model, **kwargs)
         self._warmup_options = check_warmup_options(

@@ -23,13 +23,13 @@ from jax.scipy.linalg import cho_solve
 from numpyro.util import find_stack_level
 
 from .base import SGAlgorithm, SGKernel, StepInfo, is_positive_scalar, pick_chain
-from .noise import apply_preconditioner, fisher_curvature, regularized_cholesky
+from .noise import apply_preconditioner, fisher_curvature, regularized_cholesky, resolve_preconditioner
 from .theory import averaged_variance_shortfall, iasg_validity, iterate_average_covariance
 from .warmup import WarmupState, check_warmup_options, noise_warmup
 
 __all__ = ["IASG", "IASGState", "ValidityWarning", "iasg", "default_step_product"]
 
-IASG_PRECONDITIONERS = ("scalar", "diag", "full")
+IASG_PRECONDITIONERS = ("auto", "scalar", "diag", "full")
 
 
 def default_step_product(error, window):
@@ -149,7 +149,7 @@ def _resolve_window(potential, window, window_error, step_size, name):
     return t, step_product
 
 
-def iasg(potential, step_size=None, window=None, preconditioner="scalar", *, window_error=0.05, check_validity=True,
+def iasg(potential, step_size=None, window=None, preconditioner="auto", *, window_error=0.05, check_validity=True,
          subsample="with_replacement", name="IASG", validity_warning=None, **warmup_options):
     """The IASG algorithm (:class:`IASG`) for a traced model.
 
@@ -160,7 +160,8 @@ def iasg(potential, step_size=None, window=None, preconditioner="scalar", *, win
     :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential` (plates, N, S, D).
     :param float step_size: ε (None: the default rule of :class:`IASG`).
     :param int window: T (None: ⌈N/S⌉).
-    :param preconditioner: ``"scalar"`` (H = I), ``"diag"`` or ``"full"``.
+    :param preconditioner: ``"scalar"`` (H = I), ``"diag"``, ``"full"`` or ``"auto"`` (a given ε is
+        Alg. 1's, for H = I: ``"scalar"``; otherwise :func:`~numpyro_sgd.noise.resolve_preconditioner`).
     :param float window_error: target variance shortfall along λ_min for the default ε.
     :param bool check_validity: warn (host callback) at the end of warmup outside Eq. 46–47.
     :param validity_warning: the :class:`ValidityWarning` to call (re-armed here); default a new one.
@@ -168,6 +169,9 @@ def iasg(potential, step_size=None, window=None, preconditioner="scalar", *, win
     :return: :class:`~numpyro_sgd.base.SGAlgorithm`.
     """
     t, step_product = _resolve_window(potential, window, window_error, step_size, name)
+    # a user ε is the ε of Alg. 1 (H = I); an estimated ε comes with the estimated H
+    preconditioner = ("scalar" if step_size is not None and preconditioner == "auto"
+                      else resolve_preconditioner(preconditioner, potential.dim))
     full = preconditioner != "diag"
     warmup = noise_warmup(potential, full, name, **warmup_options)
     n = potential.num_data
@@ -258,7 +262,7 @@ class IASG(SGKernel):
     =========================  ==========================================================
     ε (θ ← θ − ε ĝ_S)          ``step_size`` (default below); ĝ_S = ∇Û_S / N
     T = N/S                    ``window`` (default ⌈N/S⌉, N and S summed over plates)
-    H ≈ A⁻¹ (Sec. 5.2, end)    ``preconditioner``: ``"scalar"`` (H = I, Alg. 1), ``"diag"``, ``"full"``
+    H ≈ A⁻¹ (Sec. 5.2, end)    ``preconditioner``: ``"scalar"`` (H = I, Alg. 1), ``"diag"``, ``"full"``, ``"auto"``
     A = BBᵀ (A5)               A_U estimated in warmup from the gradient noise + prior Hessian
     =========================  ==========================================================
 
@@ -308,8 +312,9 @@ class IASG(SGKernel):
     :param float step_size: ε in Mandt's units (optional; default above).
     :param int window: T, SG steps averaged per sample (default ⌈N/S⌉: one data pass). Another
         window scales the samples' covariance by N/(T S) (Eq. 44); a warning says so.
-    :param str preconditioner: ``"scalar"`` (H = I: the paper's Alg. 1; default; ``None`` is its old
-        name), ``"diag"`` (H = diag(A)⁻¹ from the
+    :param str preconditioner: ``"auto"`` (default: ``"scalar"`` when ``step_size`` is given, the ε of
+        Alg. 1; else ``"full"`` up to D = 1000 and ``"diag"`` above), ``"scalar"`` (H = I: the paper's
+        Alg. 1; ``None`` is its old name), ``"diag"`` (H = diag(A)⁻¹ from the
         diagonal noise estimate, O(S·D) warmup) or ``"full"`` (H = A⁻¹, Cholesky; D × D noise
         estimate in warmup). Without a preconditioner the full noise is estimated too (for λ_min
         and λ_max); with ``"diag"`` only the diagonal is, so the validity check sees scales
@@ -341,7 +346,7 @@ class IASG(SGKernel):
         (True, 1010.0)
     """
 
-    def __init__(self, model, step_size=None, window=None, preconditioner="scalar", *, window_error=0.05,
+    def __init__(self, model, step_size=None, window=None, preconditioner="auto", *, window_error=0.05,
                  check_validity=True, noise_estimator=None, adam_fraction=0.4, noise_window=0.4, adam_lr=(0.1, 1e-3),
                  warmup_max_step=1.0, **kwargs):
         if "steps_per_sample" in kwargs:

@@ -43,6 +43,8 @@ __all__ = [
     "fisher_curvature",
     "apply_preconditioner",
     "PRECONDITIONERS",
+    "AUTO_FULL_MAX_DIM",
+    "resolve_preconditioner",
     "sgfs_preconditioner",
     "sgfs_direction",
     "regularized_cholesky",
@@ -51,6 +53,18 @@ __all__ = [
 
 NOISE_ESTIMATORS = ("minibatch", "eq25", "pooled")
 PRECONDITIONERS = ("scalar", "diag", "full", "sqrt")
+#: ``preconditioner="auto"`` (the default of ConstantSGD, SGFS and IASG) is ``"full"`` up to this
+#: dimension D and ``"diag"`` above it: the full matrix costs O(D²) memory per chain and an O(D³)
+#: factorisation when warmup ends, and it is the KL-optimal form (Mandt Thm. 2; the diagonal one
+#: mixes slowly and has the wrong correlations on correlated posteriors)
+AUTO_FULL_MAX_DIM = 1000
+
+
+def resolve_preconditioner(kind, dim):
+    """The preconditioner ``kind`` means for a D-dimensional model (``"auto"``: see :data:`AUTO_FULL_MAX_DIM`)."""
+    if kind != "auto":
+        return kind
+    return "full" if dim <= AUTO_FULL_MAX_DIM else "diag"
 
 
 class NoiseState(NamedTuple):
@@ -174,7 +188,7 @@ def regularized_cholesky(matrix):
     return jnp.linalg.cholesky(matrix + delta * jnp.diag(jnp.diagonal(matrix)))
 
 
-def effective_curvature(summary, plates, without_replacement=False):
+def effective_curvature(summary, plates, without_replacement=False, ratio=None):
     """Q_eff = (f + S/N) Q + Λ: what the exact discrete-time optimum P = 2 Q_eff⁻¹ inverts.
 
     For θ ← θ − P(A(θ − θ*) + ξ), Cov ξ = f Q, the stationary covariance is A⁻¹ iff
@@ -183,9 +197,12 @@ def effective_curvature(summary, plates, without_replacement=False):
     :func:`discrete_time_correction` (c = 2/(f + S/N)).
 
     :param summary: a :class:`~numpyro_sgd.warmup.WarmupSummary` (per-plate Q_p, Λ).
+    :param ratio: f + S/N if already fixed (SGFS keeps the one of the end of warmup while its Q
+        moves); None: 2/c from Q's plate weights.
     """
-    c = discrete_time_correction(summary.plate_noise, plates, without_replacement)
-    return (2.0 / c) * summary.noise + summary.prior_curvature
+    if ratio is None:
+        ratio = 2.0 / discrete_time_correction(summary.plate_noise, plates, without_replacement)
+    return ratio * summary.noise + summary.prior_curvature
 
 
 def fisher_curvature(summary, plates):

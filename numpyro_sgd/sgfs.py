@@ -20,8 +20,15 @@ import jax.numpy as jnp
 from jax import lax, random
 
 from .base import SGAlgorithm, SGKernel, StepInfo, is_positive_scalar, pick_chain
-from .noise import NoiseState, discrete_time_correction, effective_curvature, sgfs_direction, sgfs_preconditioner
-from .warmup import WarmupState, check_warmup_options, noise_warmup
+from .noise import (
+    NoiseState,
+    discrete_time_correction,
+    effective_curvature,
+    resolve_preconditioner,
+    sgfs_direction,
+    sgfs_preconditioner,
+)
+from .warmup import WarmupState, WarmupSummary, check_warmup_options, noise_warmup
 
 __all__ = ["SGFS", "SGFSState", "sgfs", "sgfs_step"]
 
@@ -59,20 +66,22 @@ def sgfs_step(rng_key, theta, grad, factor, injected):
     return theta - sgfs_direction(factor, grad + xi)
 
 
-def sgfs(potential, preconditioner="full", *, step_size=1.0, max_step=None, refresh_every=10, online=True,
+def sgfs(potential, preconditioner="auto", *, step_size=1.0, max_step=None, refresh_every=None, online=True,
          subsample="with_replacement", name="SGFS", **warmup_options):
     """The SGFS algorithm (:class:`SGFS`) for a traced model.
 
     :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential` (plates, N, S, D).
-    :param str preconditioner: ``"full"`` or ``"diag"``.
+    :param str preconditioner: ``"full"``, ``"diag"`` or ``"auto"`` (:func:`~numpyro_sgd.noise.resolve_preconditioner`).
     :param float step_size: Mandt's ε (only scales the cap ε h_max).
     :param float max_step: h_max (None: no cap, no injected noise).
-    :param int refresh_every: SG steps between refactorisations of M.
+    :param int refresh_every: SG steps between refactorisations of M (None: 1 for diag, 10 for full).
     :param bool online: keep averaging Q while sampling.
     :param kwargs: the warmup options of :func:`~numpyro_sgd.warmup.noise_warmup`.
     :return: :class:`~numpyro_sgd.base.SGAlgorithm`.
     """
+    preconditioner = resolve_preconditioner(preconditioner, potential.dim)
     full = preconditioner == "full"
+    refresh_every = (10 if full else 1) if refresh_every is None else refresh_every
     warmup = noise_warmup(potential, full, name, **warmup_options)
     without_replacement = subsample == "without_replacement"
     cap = jnp.inf if max_step is None else step_size * max_step / potential.num_data
@@ -111,9 +120,9 @@ def sgfs(potential, preconditioner="full", *, step_size=1.0, max_step=None, refr
                               ratio=jnp.asarray(2.0 / c, state.ratio.dtype), prior_curvature=summary.prior_curvature)
 
     def refresh(state, noise_state):
-        noise = sum(warmup.estimator.final(noise_state))
+        summary = WarmupSummary(warmup.estimator.final(noise_state), state.prior_curvature)
         # the frozen a and ∇²U_prior with the current online Q (c is not re-weighted)
-        return factorize(state, noise, state.ratio * noise + state.prior_curvature)
+        return factorize(state, summary.noise, effective_curvature(summary, potential.plates, ratio=state.ratio))
 
     def sample_step(rng_key, step, theta, state, oracle):
         k_idx, k_noise = random.split(rng_key)
@@ -171,7 +180,8 @@ class SGFS(SGKernel):
        and two triangular solves per step; no matrix is inverted.
 
     :param model: NumPyro model with a subsample plate.
-    :param str preconditioner: ``"full"`` (default) or ``"diag"``.
+    :param str preconditioner: ``"full"``, ``"diag"`` or ``"auto"`` (default: ``"full"`` up to D = 1000,
+        ``"diag"`` above; :data:`~numpyro_sgd.noise.AUTO_FULL_MAX_DIM`).
     :param float step_size: Mandt's ε > 0 (default 1).
     :param float max_step: h_max > 0 (default: no cap).
     :param int refresh_every: SG steps between refactorisations of M (default 1 for diag, 10 for full).
@@ -199,17 +209,16 @@ class SGFS(SGKernel):
         True
     """
 
-    def __init__(self, model, preconditioner="full", *, step_size=None, max_step=None, refresh_every=None,
+    def __init__(self, model, preconditioner="auto", *, step_size=None, max_step=None, refresh_every=None,
                  online=True, noise_estimator=None, adam_fraction=0.4, noise_window=0.4, adam_lr=(0.1, 1e-3),
                  warmup_max_step=1.0, **kwargs):
-        if preconditioner not in ("full", "diag"):
-            raise ValueError(f"SGFS: unknown preconditioner {preconditioner!r}; choose 'full' or 'diag'.")
+        if preconditioner not in ("auto", "full", "diag"):
+            raise ValueError(f"SGFS: unknown preconditioner {preconditioner!r}; choose 'full', 'diag' or 'auto'.")
         if step_size is not None and not is_positive_scalar(step_size):
             raise ValueError(f"SGFS: step_size must be a positive float (Mandt's ε), got {step_size!r}.")
         if max_step is not None and not is_positive_scalar(max_step):
             raise ValueError(f"SGFS: max_step (h_max) must be a positive float or None (no cap), got {max_step!r}.")
-        refresh_every = (1 if preconditioner == "diag" else 10) if refresh_every is None else refresh_every
-        if not isinstance(refresh_every, int) or refresh_every < 1:
+        if refresh_every is not None and (not isinstance(refresh_every, int) or refresh_every < 1):
             raise ValueError(f"SGFS: refresh_every must be an integer >= 1, got {refresh_every!r}.")
         super().__init__(model, **kwargs)
         self._warmup_options = check_warmup_options(

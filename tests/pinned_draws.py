@@ -57,7 +57,7 @@ CONFIGS = {
     "SGFS-full": lambda: ns.SGFS(model, "full"),
     "SGFS-diag": lambda: ns.SGFS(model, "diag", max_step=1e-3),
     "SGFS-full-offline": lambda: ns.SGFS(model, "full", online=False, max_step=1e-2),
-    "IASG": lambda: ns.IASG(model, check_validity=False),
+    "IASG": lambda: ns.IASG(model, preconditioner="scalar", check_validity=False),  # the old default (None)
     "IASG-diag": lambda: ns.IASG(model, preconditioner="diag", window=5, check_validity=False),
     "IASG-full": lambda: ns.IASG(model, preconditioner="full", check_validity=False),
     "EWSG": lambda: ns.EWSG(model, step_size=1e-3, friction=20.0, num_index_steps=2),
@@ -66,7 +66,8 @@ CONFIGS = {
     "Santa": lambda: ns.Santa(model, step_size=1e-6),
     "Santa-anneal-splitting": lambda: ns.Santa(model, step_size=1e-6, anneal=True, scheme="splitting"),
     "VEM-ConstantSGD-diag": lambda: ns.VariationalEM(ns.ConstantSGD(param_model, "diag")),
-    "VEM-IASG": lambda: ns.VariationalEM(ns.IASG(param_model, window=5, check_validity=False)),
+    "VEM-IASG": lambda: ns.VariationalEM(ns.IASG(param_model, window=5, preconditioner="scalar",
+                                                 check_validity=False)),
     "VEM-SGLD": lambda: ns.VariationalEM(ns.SGLD(param_model, step_size=1e-4)),
 }
 WARMUP, SAMPLES = {"IASG": (2, 3), "IASG-full": (2, 3)}, (40, 20)

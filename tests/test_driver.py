@@ -61,3 +61,20 @@ def test_jit_model_args_with_the_minibatch_size_as_an_argument(progress_bar):
 def test_bad_subsample_size(size, match):
     with pytest.raises(ValueError, match=match):
         _run(ConstantSGD(model, subsample_size=size), X, Y)
+
+
+def test_auto_preconditioner_is_one_rule():
+    """preconditioner="auto" (the default of ConstantSGD, SGFS, IASG): full up to D = 1000, diag
+    above; IASG with a given ε runs Alg. 1 as written (H = I)."""
+    from numpyro_sgd import IASG, SGFS
+    from numpyro_sgd.noise import AUTO_FULL_MAX_DIM, resolve_preconditioner
+
+    assert resolve_preconditioner("auto", AUTO_FULL_MAX_DIM) == "full"
+    assert resolve_preconditioner("auto", AUTO_FULL_MAX_DIM + 1) == "diag"
+    assert resolve_preconditioner("sqrt", 5) == "sqrt"
+    for kernel, shape in ((ConstantSGD(model), (2, 2)), (SGFS(model), (2, 2)), (IASG(model), (2, 2)),
+                          (IASG(model, step_size=0.1), ())):
+        alg, _, theta = kernel.algorithm(jax.random.key(0), X, Y)
+        state = alg.init(jax.random.key(1), theta, 100)
+        precond = state.factor if isinstance(kernel, SGFS) else state.preconditioner
+        assert precond.shape == shape, type(kernel).__name__

@@ -64,7 +64,7 @@ def _wishart_rms(cov, n):
 @pytest.fixture(scope="module")
 def sec62_run():
     x, y = _data()
-    kernel = IASG(model, check_validity=False)  # validity() is checked below; no host callback
+    kernel = IASG(model, preconditioner="scalar", check_validity=False)  # validity() checked below: no callback
     mcmc = MCMC(kernel, num_warmup=10, num_samples=500, num_chains=8, chain_method="vectorized",
                 progress_bar=False)
     mcmc.run(jax.random.key(0), x, y, extra_fields=("data_passes",))
@@ -122,8 +122,8 @@ def test_full_preconditioner_on_ill_conditioned_posterior():
     x, y = _data(scales, seed=1)
     post, _, _ = _exact(x, y)
     with pytest.warns(UserWarning, match="outside the validity window"):
-        scalar = MCMC(IASG(model), num_warmup=10, num_samples=200, num_chains=4, chain_method="vectorized",
-                      progress_bar=False)
+        scalar = MCMC(IASG(model, preconditioner="scalar"), num_warmup=10, num_samples=200, num_chains=4,
+                      chain_method="vectorized", progress_bar=False)
         scalar.run(jax.random.key(1), x, y)
     full = MCMC(IASG(model, preconditioner="full", check_validity=False), num_warmup=10, num_samples=500, num_chains=4,
                 chain_method="vectorized", progress_bar=False)
@@ -211,12 +211,12 @@ def test_short_window_warns():
     """N/S = 5: the default ε needs ε λ ≈ 0.9 (Newton-like steps), outside the theory's regime."""
     x, y = _small()
     with pytest.warns(UserWarning, match="window T = 5 is short"):
-        MCMC(IASG(model), num_warmup=2, num_samples=2, progress_bar=False).run(
+        MCMC(IASG(model, preconditioner="scalar"), num_warmup=2, num_samples=2, progress_bar=False).run(
             jax.random.key(0), x[:50], y[:50])
 
 
 def test_window_other_than_one_pass_warns_with_the_scale():
-    mcmc = MCMC(IASG(model, window=25), num_warmup=5, num_samples=2, progress_bar=False)
+    mcmc = MCMC(IASG(model, window=25, preconditioner="scalar"), num_warmup=5, num_samples=2, progress_bar=False)
     with pytest.warns(UserWarning, match=r"N/\(T S\) = 2 × the posterior"):
         mcmc.run(jax.random.key(0), *_small())
 

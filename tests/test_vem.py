@@ -132,7 +132,7 @@ def test_other_kernels_run_and_move_lambda():
     target = type2_precision(x, y, 1.0)
     start = {"w": jnp.zeros((2, 10))}
     for kernel, samples in ((SGLD(model, step_size=2e-5, steps_per_sample=10), 300),
-                            (IASG(model, check_validity=False), 300)):
+                            (IASG(model, preconditioner="scalar", check_validity=False), 300)):
         vem = VariationalEM(kernel, hyper_step_size=0.1)
         mcmc = MCMC(vem, num_warmup=20, num_samples=samples, num_chains=2, chain_method="vectorized",
                     progress_bar=False)
