@@ -225,7 +225,7 @@ def kl_optimal_shape(kind, noise, num_data, batch_size):
     ``"full"`` B = C⁻¹ (Cholesky solve), ``"sqrt"`` B = diag(C)^(−1/2) (Thm. 1, Cor. 1, Thm. 2,
     App. E Eq. 64). Shape () for scalar, (D,) for diag/sqrt, (D, D) for full.
     """
-    n, s = num_data, batch_size
+    n, s = float(num_data), float(batch_size)  # Python floats: N² overflows int32 from N = 46,341
     if kind == "scalar":
         return jnp.ones((), noise.dtype)
     if kind == "diag":

@@ -72,9 +72,10 @@ def test_auto_preconditioner_is_one_rule():
     assert resolve_preconditioner("auto", AUTO_FULL_MAX_DIM) == "full"
     assert resolve_preconditioner("auto", AUTO_FULL_MAX_DIM + 1) == "diag"
     assert resolve_preconditioner("sqrt", 5) == "sqrt"
-    for kernel, shape in ((ConstantSGD(model), (2, 2)), (SGFS(model), (2, 2)), (IASG(model), (2, 2)),
-                          (IASG(model, step_size=0.1), ())):
+    # (kernel, the state field holding its preconditioner, its shape for D = 2)
+    table = ((ConstantSGD(model), "preconditioner", (2, 2)), (SGFS(model), "factor", (2, 2)),
+             (IASG(model), "preconditioner", (2, 2)), (IASG(model, step_size=0.1), "preconditioner", ()))
+    for kernel, field, shape in table:
         alg, _, theta = kernel.algorithm(jax.random.key(0), X, Y)
         state = alg.init(jax.random.key(1), theta, 100)
-        precond = state.factor if isinstance(kernel, SGFS) else state.preconditioner
-        assert precond.shape == shape, type(kernel).__name__
+        assert getattr(state, field).shape == shape, (kernel, field)

@@ -87,6 +87,21 @@ def test_kl_optimal_preconditioners_closed_form():
     np.testing.assert_allclose(p, 2 * 2 / root.sum() / root)
 
 
+@pytest.mark.parametrize("kind, expected", [("diag", [0.5, 1.0]), ("full", None), ("sqrt", None), ("scalar", None)])
+def test_kl_optimal_preconditioner_in_float32_at_large_n(kind, expected):
+    """Without x64 and with N ≥ 46,341, N² is no int32: P = (ε/N) B must still be computed
+    (a regression: N = 100,000 raised an OverflowError) and agree with float64 to float32 accuracy."""
+    q = np.array([[4.0, 1.0], [1.0, 2.0]])
+    n, s = 10_000_000, 1000
+    want, _ = kl_optimal_preconditioner(kind, jnp.asarray(q), 2.0, num_data=n, batch_size=s)
+    with jax.enable_x64(False):
+        got, _ = kl_optimal_preconditioner(kind, jnp.asarray(q, jnp.float32), 2.0, num_data=n, batch_size=s)
+    assert got.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5)  # a few float32 ulps
+    if expected is not None:
+        np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5)
+
+
 def test_user_step_size_in_mandt_units():
     """H = ε B with C = S Q / N² per datum; P = H / N."""
     q = jnp.array([4.0, 2.0])
