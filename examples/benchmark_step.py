@@ -35,6 +35,7 @@ Figures go to stdout and to ``--out`` (JSON, default ``examples/output/benchmark
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import json
 import statistics
@@ -242,13 +243,14 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--kernels", nargs="*", default=list(KERNELS))
+    p.add_argument("--dims", nargs="*", type=int, default=[10, 50])
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args(argv)
     clock = CompileClock()
     if args.quick:
         grid = list(itertools.product(["ConstantSGD-full", "SGLD", "SGHMC"], [10], [1000], [1]))
     else:
-        grid = list(itertools.product(args.kernels, [10, 50], [100, 1000, 10_000], [1, 4]))
+        grid = list(itertools.product(args.kernels, args.dims, [100, 1000, 10_000], [1, 4]))
     print(f"N={args.n} jax {jax.__version__} numpyro {numpyro.__version__} {jax.devices()[0].platform}; "
           f"steps_per_sample={SPS}; medians of {args.repeats} interleaved rounds", flush=True)
     print(f"{'kernel':20s} {'D':>3s} {'S':>6s} {'ch':>3s} {'hand s/pass':>12s} {'kernel s/pass':>14s} "
@@ -259,6 +261,10 @@ def main(argv=None):
         if d not in data:
             data[d] = simulate(args.n, d)
         row = cell(kind, args.n, d, s, chains, args.repeats, clock, *data[d])
+        # every MCMC.run recompiles (NumPyro 0.22) and each XLA:CPU executable keeps its memory
+        # mappings: release them, or the process passes vm.max_map_count and LLVM fails
+        jax.clear_caches()
+        gc.collect()
         rows.append(row)
         print(f"{kind:20s} {d:3d} {s:6d} {chains:3d} {row['hand_s_per_pass']:12.5f} {row['kernel_s_per_pass']:14.5f} "
               f"{row['ratio']:6.2f} {row['compile_s']:9.2f}", flush=True)

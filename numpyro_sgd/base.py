@@ -447,13 +447,14 @@ class SGKernel(MCMCKernel):
         return MinibatchOracle(self.potential, model_args, model_kwargs, method, state.i,
                                random.wrap_key_data(state.shuffle_key))
 
-    def _transition(self, state, theta, model_args, model_kwargs, step_fn, method):
+    def _transition(self, state, theta, step, model_args, model_kwargs, step_fn, method):
         """One SG step of one chain on the carry ``(state, theta)``: the algorithm proposes, the
-        driver guards (only what changed) and accounts."""
+        driver guards (only what changed) and accounts. ``step`` is the SG step count (``state.i``,
+        passed apart so that it stays unbatched under the vmap over chains)."""
         potential = self.potential
         key, k_step = random.split(state.rng_key)
-        oracle = self._oracle(state, model_args, model_kwargs, method)
-        new_theta, ks, info = step_fn(k_step, state.i, theta, state.kernel_state, oracle)
+        oracle = self._oracle(state._replace(i=step), model_args, model_kwargs, method)
+        new_theta, ks, info = step_fn(k_step, step, theta, state.kernel_state, oracle)
         ok = (jnp.isfinite(info.potential_energy) & _finite(new_theta) & potential.constrained_is_finite(new_theta)
               & _changed_finite(ks, state.kernel_state))
         state = _count_grad_evals(state, info.num_grad_evals)._replace(
@@ -493,10 +494,14 @@ class SGKernel(MCMCKernel):
         k = self._steps_per_sample
         over_chains = jax.vmap if vectorized else (lambda f: f)
 
+        # every chain is at the same SG step: passing it unbatched keeps an algorithm's
+        # `lax.cond` on the step (SGFS's refresh) a branch under vmap, not a select of both
+        i = state.i[0] if vectorized else state.i
+
         def block(step_fn, method):
             def chain(s, theta):
-                def body(_, carry):
-                    return self._transition(*carry, model_args, model_kwargs, step_fn, method)
+                def body(t, carry):
+                    return self._transition(*carry, i + t, model_args, model_kwargs, step_fn, method)
 
                 return body(0, (s, theta)) if k == 1 else lax.fori_loop(0, k, body, (s, theta))
 
@@ -506,7 +511,6 @@ class SGKernel(MCMCKernel):
             oracle = self._oracle(s, model_args, model_kwargs, self._subsample)
             return s._replace(kernel_state=alg.end_warmup(theta, s.kernel_state, oracle)), theta
 
-        i = state.i[0] if vectorized else state.i
         w = state.num_warmup_steps[0] if vectorized else state.num_warmup_steps
         adapts = alg.end_warmup is not None
 
