@@ -49,6 +49,7 @@ __all__ = [
     "sgfs_direction",
     "regularized_cholesky",
     "psd_factor",
+    "psd_part",
 ]
 
 NOISE_ESTIMATORS = ("minibatch", "eq25", "pooled")
@@ -277,6 +278,12 @@ def kl_optimal_preconditioner(kind, noise, correction=2.0, step_size=None, num_d
     return eps / num_data * kl_optimal_shape(kind, noise, num_data, batch_size), eps
 
 
+def psd_part(matrix):
+    """The positive semi-definite part of a symmetric matrix (or of a diagonal given as a vector)."""
+    f = psd_factor(matrix)
+    return f**2 if matrix.ndim == 1 else f @ f.T
+
+
 def psd_factor(matrix):
     """F with F Fᵀ = the positive semi-definite part of a symmetric matrix (eigenvalues clipped at
     0; works for singular matrices, unlike a Cholesky factor), or √max(v, 0) for a diagonal v."""
@@ -310,10 +317,12 @@ def sgfs_preconditioner(kind, noise, ratio, max_precond=jnp.inf):
     """
     if kind == "diag":
         q = jnp.diagonal(noise) if noise.ndim == 2 else noise
-        injected = jnp.maximum(0.0, 2.0 / max_precond - ratio * q)
+        injected = jnp.maximum(0.0, (0.0 if max_precond is None else 2.0 / max_precond) - ratio * q)
         return ratio * q + injected, injected
     if kind == "full":
         dim = noise.shape[0]
+        if max_precond is None:  # no cap, and a PSD ``noise`` (the caller's promise): no O(D³) eigenvalues
+            return regularized_cholesky(ratio * noise), jnp.zeros(dim, noise.dtype)
         lam_min = jnp.linalg.eigvalsh(noise)[0]
         delta = jnp.maximum(0.0, 2.0 / max_precond - ratio * lam_min)
         m = ratio * noise + delta * jnp.eye(dim, dtype=noise.dtype)

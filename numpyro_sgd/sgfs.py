@@ -24,6 +24,7 @@ from .noise import (
     NoiseState,
     discrete_time_correction,
     effective_curvature,
+    psd_part,
     resolve_preconditioner,
     sgfs_direction,
     sgfs_preconditioner,
@@ -99,7 +100,9 @@ def sgfs(potential, preconditioner="auto", *, step_size=1.0, max_step=None, refr
 
     def factorize(state, noise, curvature):
         """M = ``curvature`` + Ξ (Cholesky or diagonal) and Ξ, with Q = ``noise`` stored."""
-        factor, injected = sgfs_preconditioner(preconditioner, curvature, 1.0, state.max_precond)
+        # without a cap (and with the PSD curvature below) no eigenvalue is needed: Ξ = 0
+        factor, injected = sgfs_preconditioner(preconditioner, curvature, 1.0,
+                                               None if max_step is None else state.max_precond)
         return noise, factor, injected
 
     def warmup_step(rng_key, step, theta, state, oracle):
@@ -110,6 +113,8 @@ def sgfs(potential, preconditioner="auto", *, step_size=1.0, max_step=None, refr
     def end_warmup(theta, state, oracle):
         # Q from the noise estimate the chain continues (after warmup: warmup's own)
         summary = warmup.final(state.warmup._replace(noise_state=state.noise_state), theta, oracle)
+        # the prior's curvature enters M as its PSD part (as in warmup): M = a Q + Λ⁺ is PSD
+        summary = summary._replace(prior_curvature=psd_part(summary.prior_curvature))
         # a = 2 / c with c the discrete-time correction of ConstantSGD: Ahn's γ S/N = 1 + S/N;
         # M = a Q + ∇²U_prior + Ξ: the exact discrete-time optimum 2 (total noise + A)⁻¹ with
         # A ≈ (S/N) Q + ∇²U_prior (see ConstantSGD's note on the discrete-time correction)
@@ -177,7 +182,10 @@ class SGFS(SGKernel):
     .. note:: For ``"full"`` the cap is met with isotropic injected noise δ I (bounding the
        largest eigenvalue of H, hence every H_kk); the per-coordinate rule of Cor. 2 is used for
        ``"diag"``. Full-matrix work is a Cholesky factorisation every ``refresh_every`` steps
-       and two triangular solves per step; no matrix is inverted.
+       and two triangular solves per step; no matrix is inverted. Without a cap no eigenvalue
+       is computed: the prior's Hessian Λ (taken at the end of warmup) enters M as its positive
+       semi-definite part Λ⁺, so M = a Q + Λ⁺ is PSD (an indefinite Λ used to be shifted by
+       δ = −λ_min(a Q + Λ) instead; equal where Λ is PSD, as for every model of the tests).
 
     :param model: NumPyro model with a subsample plate.
     :param str preconditioner: ``"full"``, ``"diag"`` or ``"auto"`` (default: ``"full"`` up to D = 1000,

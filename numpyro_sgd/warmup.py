@@ -35,7 +35,7 @@ from jax.scipy.linalg import cho_solve
 from numpyro.util import find_stack_level
 
 from .base import StepInfo
-from .noise import NOISE_ESTIMATORS, NoiseState, psd_factor
+from .noise import NOISE_ESTIMATORS, NoiseState, psd_part
 from .noise import noise_estimator as make_noise_estimator
 
 __all__ = ["WarmupState", "WarmupSummary", "NoiseWarmup", "noise_warmup", "WARMUP_DEFAULTS", "check_warmup_options"]
@@ -111,12 +111,6 @@ def check_warmup_options(name, noise_estimator=None, adam_fraction=0.4, noise_wi
                 adam_lr=tuple(adam_lr), warmup_max_step=warmup_max_step)
 
 
-def _psd_part(h):
-    """The positive semi-definite part of a symmetric matrix (or of a diagonal given as a vector)."""
-    f = psd_factor(h)
-    return f**2 if h.ndim == 1 else f @ f.T
-
-
 def noise_warmup(potential, full, name, noise_estimator=None, adam_fraction=0.4, noise_window=0.4,
                  adam_lr=(0.1, 1e-3), warmup_max_step=1.0):
     """Build the warmup adapter for the traced model (see the module docstring).
@@ -172,7 +166,7 @@ def noise_warmup(potential, full, name, noise_estimator=None, adam_fraction=0.4,
         # the curvature that the gradient noise does not see (prior, Jacobians): without it a
         # direction the likelihood leaves flat gets the step ḡ/0, clipped to max_step, every
         # step (measured: |θ|² from 2·10³ to 6·10⁷ in a softmax regression's shift directions)
-        prior = lax.cond(restart, lambda t: _psd_part(oracle.prior_hessian(t, diagonal=not full)),
+        prior = lax.cond(restart, lambda t: psd_part(oracle.prior_hessian(t, diagonal=not full)),
                          lambda t: ws.prior_curvature, theta).astype(theta.dtype)
         # phase 1: Adam, rate held then decaying exponentially
         updates, adam_state = adam.update(grad, ws.adam_state)
