@@ -288,12 +288,15 @@ class SGKernel(MCMCKernel):
     def default_fields(self):
         return ("z", "diverging")
 
+    def _traced(self, value):
+        if self._potential is None:
+            raise RuntimeError(f"{type(self).__name__}: call MCMC.run (or kernel.init) first.")
+        return value
+
     @property
     def potential(self):
         """The :class:`~numpyro_sgd.potential.SubsampledPotential` built by :meth:`init`."""
-        if self._potential is None:
-            raise RuntimeError(f"{type(self).__name__}: call MCMC.run (or kernel.init) first.")
-        return self._potential
+        return self._traced(self._potential)
 
     @property
     def steps_per_sample(self):
@@ -303,9 +306,7 @@ class SGKernel(MCMCKernel):
     @property
     def run_args(self):
         """``(model_args, model_kwargs)`` of the last :meth:`init` (the last ``MCMC.run``)."""
-        if self._potential is None:
-            raise RuntimeError(f"{type(self).__name__}: call MCMC.run (or kernel.init) first.")
-        return self._run_args
+        return self._traced(self._run_args)
 
     @property
     def is_initialized(self):
