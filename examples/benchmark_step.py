@@ -47,7 +47,8 @@ import jax
 import jax.numpy as jnp
 import numpyro
 import numpyro.distributions as dist
-from jax import lax, monitoring, random
+from benchmark_throughput import CompileClock, make_model, simulate  # the same problem and clock (examples/)
+from jax import lax, random
 from jax.scipy.linalg import cho_solve
 from numpyro.infer import MCMC
 
@@ -55,34 +56,6 @@ from numpyro_sgd import EWSG, SGFS, SGHMC, SGLD, ConstantSGD
 
 SPS = 10
 DEFAULT_OUT = Path(__file__).resolve().parent / "output" / "benchmark_step.json"
-
-
-class CompileClock:
-    """Seconds JAX reports for tracing, lowering and compiling (jax.monitoring)."""
-
-    def __init__(self):
-        self.seconds = 0.0
-        monitoring.register_event_duration_secs_listener(self._listen)
-
-    def _listen(self, event, duration, **_):
-        if event.startswith("/jax/core/compile/"):
-            self.seconds += duration
-
-
-def simulate(n, d, seed=0):
-    k_x, k_w, k_y = random.split(random.key(seed), 3)
-    X = random.normal(k_x, (n, d), jnp.float32) / jnp.sqrt(jnp.float32(d))
-    y = random.bernoulli(k_y, jax.nn.sigmoid(X @ random.normal(k_w, (d,), jnp.float32))).astype(jnp.float32)
-    return X, y
-
-
-def make_model(d, s):
-    def model(X, y):
-        w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([d]).to_event(1))
-        with numpyro.plate("data", X.shape[0], subsample_size=s) as idx:
-            numpyro.sample("y", dist.Bernoulli(logits=X[idx] @ w), obs=y[idx])
-
-    return model
 
 
 KERNELS = {
