@@ -172,6 +172,21 @@ def _python_scalars(model_args, model_kwargs):
             {k: v for k, v in model_kwargs.items() if isinstance(v, scalar)})
 
 
+def _split_arrays(model_args, model_kwargs):
+    """``(arrays, rebuild, key)``: the array leaves of the model arguments, a function putting
+    arrays back into place (the other leaves, e.g. a Python ``subsample_size``, stay as they
+    are) and a hashable key that identifies the arguments (arrays by identity)."""
+    leaves, treedef = jax.tree.flatten((model_args, model_kwargs))
+    is_array = [isinstance(leaf, (jax.Array, np.ndarray)) for leaf in leaves]
+
+    def rebuild(arrays):
+        it = iter(arrays)
+        return jax.tree.unflatten(treedef, [next(it) if a else leaf for leaf, a in zip(leaves, is_array)])
+
+    key = (treedef, tuple(id(leaf) if a else leaf for leaf, a in zip(leaves, is_array)))
+    return [leaf for leaf, a in zip(leaves, is_array) if a], rebuild, key
+
+
 def _count_grad_evals(state, evals):
     """Add ``evals`` per-datum gradient evaluations to the data-pass count (exact, no int overflow)."""
     rem = state.grad_evals_in_pass + evals
@@ -258,6 +273,7 @@ class SGKernel(MCMCKernel):
         self._algorithm = None
         self._sample_fn = None
         self._diag_time, self._diag_text = -1.0, ""
+        self._init_program = None
 
     # ------------------------------------------------------------------ what a kernel provides
     def _build(self, potential):
@@ -330,6 +346,7 @@ class SGKernel(MCMCKernel):
         state = self.__dict__.copy()
         state["_sample_fn"] = None
         state["_algorithm"] = None  # rebuilt from the potential on demand (holds closures)
+        state["_init_program"] = None
         return state
 
     def _get_algorithm(self):
@@ -405,7 +422,7 @@ class SGKernel(MCMCKernel):
                     "give unconstrained values for every latent site."
                 )
 
-        def init_one(key, z0):
+        def init_one(key, z0, model_args, model_kwargs):
             key, k_init, k_state, k_shuffle, k_pe = random.split(key, 5)
             if z0 is None:
                 theta = potential.initial_params(k_init, model_args, model_kwargs, self._init_strategy)
@@ -423,7 +440,8 @@ class SGKernel(MCMCKernel):
                 kernel_state=algorithm.init(k_state, theta, num_warmup_steps), rng_key=key,
             )
 
-        state = jax.vmap(init_one)(rng_key, init_params) if vectorized else init_one(rng_key, init_params)
+        init_chains = jax.vmap(init_one, in_axes=(0, 0, None, None)) if vectorized else init_one
+        state = self._compiled_init(init_chains, rng_key, init_params, model_args, model_kwargs, num_warmup_steps)
         if not _is_tracer(state.potential_energy) and not bool(jnp.all(jnp.isfinite(state.potential_energy))):
             raise ValueError(
                 f"{type(self).__name__}: the potential is not finite at the initial point; check the "
@@ -432,6 +450,25 @@ class SGKernel(MCMCKernel):
             )
         self._sample_fn = self.sample
         return state
+
+    def _compiled_init(self, init_chains, rng_key, init_params, model_args, model_kwargs, num_warmup_steps):
+        """``init_chains(rng_key, init_params, model_args, model_kwargs)`` as one compiled program.
+
+        Run op by op, the initial point, potential and kernel state cost dozens of small XLA
+        compilations (measured: 3.4 s at D = 50, two chains; one program: 1 s). The array
+        arguments are passed in, never XLA constants. The program is kept for the next
+        :meth:`init` with the same arguments (arrays by identity; they are kept alive with it)
+        and the same ``num_warmup_steps`` and ``init_params`` structure. Under ``pmap``
+        (``chain_method="parallel"``) it is simply called: it is traced already.
+        """
+        if _is_tracer((rng_key, init_params, model_args, model_kwargs)):
+            return init_chains(rng_key, init_params, model_args, model_kwargs)
+        arrays, rebuild, key = _split_arrays(model_args, model_kwargs)
+        key = (key, num_warmup_steps, jax.tree.structure(init_params))
+        if self._init_program is None or self._init_program[0] != key:
+            program = jax.jit(lambda rng_key, init_params, arrays: init_chains(rng_key, init_params, *rebuild(arrays)))
+            self._init_program = (key, program, arrays)
+        return self._init_program[1](rng_key, init_params, arrays)
 
     def postprocess_fn(self, model_args, model_kwargs):
         potential = self.potential
