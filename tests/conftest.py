@@ -88,3 +88,9 @@ def linreg():
 @pytest.fixture(scope="session")
 def small_linreg():
     return ConjugateLinearRegression(n=2_000, d=3, s=50, rho=0.5, seed=1)
+
+
+@pytest.fixture(scope="session")
+def wide_linreg():
+    """D = 40: a problem where warmup refreshes its moments on every 3rd step only."""
+    return ConjugateLinearRegression(n=20_000, d=40, s=200, rho=0.5, seed=2)
