@@ -27,6 +27,10 @@ CHANGED = {
     # VariationalEM(SGLD) moved λ during warmup, against its documented "λ is held in warmup";
     # the new driver runs VariationalEM's warmup step (λ held) for every inner kernel
     "VEM-SGLD": "λ held during warmup for non-adapting inner kernels",
+    # issue 12: SGFS-full refactorises M at the steps that are multiples of refresh_every (10)
+    # instead of counting from the start of warmup's noise window (a per-chain field, which made
+    # the refresh a select of both branches, i.e. a refactorisation at every step, under vmap)
+    "SGFS-full": "refresh steps aligned to multiples of refresh_every",
 }
 #: looser tolerances, with why
 TOLERANCE = {
