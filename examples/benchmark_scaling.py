@@ -395,7 +395,7 @@ def run_cell(likelihood, n, d, methods, s_lists, clock, args):
     cell = {"likelihood": likelihood, "n": n, "d": d, "data_gib": (n * d + n) * 4 / 2**30, "generate_s": gen_s,
             "laplace": {**lap, "mean": mean.tolist(), "sd": np.sqrt(np.diag(cov)).tolist(),
                         "w_true": w_true.tolist()}, "runs": []}
-    print(f"\n== {likelihood} N={n:,} D={d}: data {cell['data_gib']:.2f} GiB generated in {gen_s:.1f} s; Laplace: "
+    print(f"\n== {likelihood} N={n:,} D={d}: data {cell['data_gib']:.3f} GiB generated in {gen_s:.1f} s; Laplace: "
           f"{lap['newton_iterations']} Newton steps, λ² = {lap['decrement']:.1e}, {lap['seconds']:.1f} s", flush=True)
     key = jax.random.key(args.seed)
     for method in methods:

@@ -504,17 +504,18 @@ class SGKernel(MCMCKernel):
         return postprocess
 
     # ------------------------------------------------------------------ transition
-    def _oracle(self, state, model_args, model_kwargs, method):
+    def _oracle(self, state, model_args, model_kwargs, method, num_warmup_steps=None):
         return MinibatchOracle(self.potential, model_args, model_kwargs, method, state.i,
-                               random.wrap_key_data(state.shuffle_key))
+                               random.wrap_key_data(state.shuffle_key), num_warmup_steps=num_warmup_steps)
 
-    def _transition(self, state, theta, step, model_args, model_kwargs, step_fn, method):
+    def _transition(self, state, theta, step, num_warmup_steps, model_args, model_kwargs, step_fn, method):
         """One SG step of one chain on the carry ``(state, theta)``: the algorithm proposes, the
-        driver guards (only what changed) and accounts. ``step`` is the SG step count (``state.i``,
-        passed apart so that it stays unbatched under the vmap over chains)."""
+        driver guards (only what changed) and accounts. ``step`` and ``num_warmup_steps`` are the
+        SG step count (``state.i``) and the warmup length, passed apart so that they stay
+        unbatched under the vmap over chains (the oracle carries them to the algorithm)."""
         potential = self.potential
         key, k_step = random.split(state.rng_key)
-        oracle = self._oracle(state._replace(i=step), model_args, model_kwargs, method)
+        oracle = self._oracle(state._replace(i=step), model_args, model_kwargs, method, num_warmup_steps)
         new_theta, ks, info = step_fn(k_step, step, theta, state.kernel_state, oracle)
         ok = (jnp.isfinite(info.potential_energy) & _finite(new_theta) & potential.constrained_is_finite(new_theta)
               & _changed_finite(ks, state.kernel_state))
@@ -563,7 +564,7 @@ class SGKernel(MCMCKernel):
         def block(step_fn, method):
             def chain(s, theta):
                 def body(t, carry):
-                    return self._transition(*carry, i + t, model_args, model_kwargs, step_fn, method)
+                    return self._transition(*carry, i + t, w, model_args, model_kwargs, step_fn, method)
 
                 return body(0, (s, theta)) if k == 1 else lax.fori_loop(0, k, body, (s, theta))
 

@@ -424,8 +424,11 @@ class MinibatchOracle:
     """
 
     def __init__(self, potential, model_args=(), model_kwargs=None, method="with_replacement", step=None,
-                 shuffle_key=None, params=None):
+                 shuffle_key=None, params=None, num_warmup_steps=None):
         self.potential = potential
+        #: warmup SG steps of the run (set by the driver, the same for every chain, so that an
+        #: algorithm's phase switch on it stays a branch under vmap; None: not known)
+        self.num_warmup_steps = num_warmup_steps
         self.model_args = model_args
         self.model_kwargs = {} if model_kwargs is None else model_kwargs
         self.method = method
@@ -436,7 +439,7 @@ class MinibatchOracle:
     def with_params(self, params):
         """The same oracle with the ``numpyro.param`` sites set to ``params``."""
         return MinibatchOracle(self.potential, self.model_args, self.model_kwargs, self.method, self.step,
-                               self.shuffle_key, params)
+                               self.shuffle_key, params, self.num_warmup_steps)
 
     @property
     def batch_size(self):

@@ -31,6 +31,7 @@ the prior's Hessian at θ, from which every kernel computes its frozen dynamics 
 from __future__ import annotations
 
 import warnings
+from fractions import Fraction
 from typing import Callable, NamedTuple
 
 import jax.numpy as jnp
@@ -102,6 +103,13 @@ class NoiseWarmup(NamedTuple):
     estimator: object
 
 
+def _fraction_of(w, fraction):
+    """⌊fraction·w⌋ in integers, without overflow (``fraction`` as p/q with q ≤ 1,000)."""
+    ratio = Fraction(fraction).limit_denominator(1000)
+    p, q = ratio.numerator, ratio.denominator
+    return (w // q) * p + (w % q) * p // q
+
+
 def warmup_refresh_every(dim):
     """k: the warmup takes per-example gradients (and updates its O(S·D²) moments, the noise
     average and the factor of its preconditioner) on every k-th SG step only, k = min(8, ⌈D/16⌉);
@@ -171,12 +179,18 @@ def noise_warmup(potential, full, name, noise_estimator=None, adam_fraction=0.4,
             second_moment=jnp.zeros(shape, dtype),
             prior_curvature=jnp.zeros(shape, dtype),
             noise_state=estimator.init(dtype),
-            adam_steps=jnp.asarray(int(adam_fraction * num_warmup_steps), jnp.int32),
-            window_start=jnp.asarray(num_warmup_steps - max(int(noise_window * num_warmup_steps), 1), jnp.int32),
+            **phase_starts(num_warmup_steps),
             adam_lr=jnp.asarray(adam_lr, dtype),
             max_step=jnp.asarray(warmup_max_step, dtype),
             factor=jnp.eye(theta.shape[0], dtype=dtype) if full else jnp.zeros((), dtype),
         )
+
+    def phase_starts(num_warmup_steps):
+        """``adam_steps`` = ⌊adam_fraction·W⌋ and ``window_start`` = W − max(⌊noise_window·W⌋, 1)
+        for a warmup of W SG steps (exact integer arithmetic for a Python or a traced W)."""
+        w = jnp.asarray(num_warmup_steps, jnp.int32)
+        return dict(adam_steps=_fraction_of(w, adam_fraction),
+                    window_start=w - jnp.maximum(_fraction_of(w, noise_window), 1))
 
     def moments(step, theta, ws, oracle, indices):
         """Per-example gradients at ``indices`` and everything estimated from them: the EMA of the
@@ -189,17 +203,21 @@ def noise_warmup(potential, full, name, noise_estimator=None, adam_fraction=0.4,
             uncentred = sum(g.T @ g / g.shape[0] ** 2 for g in per_example)
         else:
             uncentred = sum(jnp.mean(g**2, axis=0) / g.shape[0] for g in per_example)
+        # the phases from the run's warmup length, which the driver gives unbatched (a branch
+        # under vmap), else (a hand-written loop) from the state
+        phases = (ws if oracle.num_warmup_steps is None else
+                  ws._replace(**phase_starts(oracle.num_warmup_steps)))
         # restarted at the first refresh from halfway through Adam
-        half = ws.adam_steps // 2
+        half = phases.adam_steps // 2
         restart = (step >= half) & (step < half + refresh_every)
         second = jnp.where(restart, uncentred, ema[0] * ws.second_moment + ema[1] * uncentred)
         # the curvature that the gradient noise does not see (prior, Jacobians): without it a
         # direction the likelihood leaves flat gets the step ḡ/0, clipped to max_step, every
         # step (measured: |θ|² from 2·10³ to 6·10⁷ in a softmax regression's shift directions)
-        prior = jnp.where(restart, psd_part(oracle.prior_hessian(theta, diagonal=not full)).astype(theta.dtype),
-                          ws.prior_curvature)
+        prior = lax.cond(restart, lambda t: psd_part(oracle.prior_hessian(t, diagonal=not full)).astype(t.dtype),
+                         lambda t: ws.prior_curvature, theta)
         # phase 3 (overlapping phase 2): average the noise covariance
-        noise_state = estimator.update(ws.noise_state, per_example, active=step >= ws.window_start)
+        noise_state = estimator.update(ws.noise_state, per_example, active=step >= phases.window_start)
         factor = ws.factor
         if full:
             # a generous jitter (relative to the mean diagonal) damps the warmup step in poorly
