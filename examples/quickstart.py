@@ -6,7 +6,7 @@ EWSG, and the baselines SGLD, pSGLD and SGHMC (the step sizes of these five deri
 gradient noise, warm-started; see the comments in ``main``).
 
 Default problem (embedded, no download): Bayesian logistic regression simulated from the model,
-N = 100,000 observations, D = 8 correlated features plus an intercept, minibatch S = 100.
+N = 100,000 observations, D = 8 correlated features plus an intercept, minibatch S = 10,000 (IASG: 1,000).
 NUTS runs on the full data (every leapfrog step is a full-data gradient) and is the reference.
 
     python examples/quickstart.py                       # the default problem
@@ -83,12 +83,14 @@ def main(argv=None):
     parser.add_argument("--data", help="numeric CSV/text file (default: simulated logistic regression)")
     parser.add_argument("--target", type=int, default=-1, help="target column of --data (default: last)")
     parser.add_argument("--n", type=int, default=100_000, help="N of the simulated problem")
-    parser.add_argument("--subsample-size", type=int, default=100, help="minibatch size S")
+    parser.add_argument("--subsample-size", type=int, default=10_000,
+                        help="minibatch size S (default 10,000: the throughput-optimal S on CPU, README 'Speed')")
     parser.add_argument("--chains", type=int, default=4)
-    parser.add_argument("--num-warmup", type=int, default=100,
-                        help="warmup samples (each steps-per-sample SG steps)")
-    parser.add_argument("--num-samples", type=int, default=1000)
-    parser.add_argument("--steps-per-sample", type=int, default=50)
+    parser.add_argument("--num-warmup", type=int, default=200,
+                        help="warmup samples (each steps-per-sample SG steps; default 20 data passes)")
+    parser.add_argument("--num-samples", type=int, default=2000,
+                        help="samples per chain (default 200 data passes per chain)")
+    parser.add_argument("--steps-per-sample", type=int, default=1)
     parser.add_argument("--nuts-warmup", type=int, default=500)
     parser.add_argument("--nuts-samples", type=int, default=1000)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "output", "quickstart"))
@@ -142,8 +144,12 @@ def main(argv=None):
     # data passes it returns num_samples · steps_per_sample · S / N samples per chain
     iasg_warmup = max(1, round(args.num_warmup * sps * s / n))
     iasg_samples = max(10, round(args.num_samples * sps * s / n))
+    # IASG averages a window of N/S steps per sample: it gets S = N/100 (a window of 100 steps;
+    # at S = 10,000 and N = 10⁵ the window of 10 steps is outside its validity range, Eq. 46–47)
+    s_iasg = max(2, min(s, n // 100))
     for name, precond in (("IASG", "scalar"), ("IASG-full", "full")):
-        run(name, IASG(model, preconditioner=precond), num_warmup=iasg_warmup, num_samples=iasg_samples)
+        run(name, IASG(model, preconditioner=precond, subsample_size=s_iasg), num_warmup=iasg_warmup,
+            num_samples=iasg_samples)
     # The Langevin baselines have no noise estimate of their own; their step sizes come from the
     # minibatch gradient-noise covariance Q that ConstantSGD-full estimated in its warmup (U units),
     # set so that the minibatch noise inflates their stationary variance by about 10 %. At such
