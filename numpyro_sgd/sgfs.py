@@ -50,9 +50,6 @@ class SGFSState(NamedTuple):
     prior_curvature: jnp.ndarray
     #: cap p_max = ε h_max / N on the diagonal of P = 2 M⁻¹ (inf: no cap)
     max_precond: jnp.ndarray
-    #: refresh period of the factorisation, in SG steps (M is refactorised at the steps that are
-    #: multiples of it: the step count is shared by all chains, so under vmap this is a branch)
-    refresh_every: jnp.ndarray
     #: running state of the noise estimator of Q: warmup's average, which sampling keeps
     #: updating (online Fisher); sampling reads and writes this field, never ``warmup``
     noise_state: NoiseState
@@ -93,7 +90,7 @@ def sgfs(potential, preconditioner="auto", *, step_size=1.0, max_step=None, refr
         return SGFSState(
             noise_cov=jnp.zeros(shape, dtype), factor=jnp.full(shape, jnp.nan, dtype), injected=jnp.zeros(d, dtype),
             ratio=jnp.asarray(jnp.nan, dtype), prior_curvature=jnp.zeros(shape, dtype),
-            max_precond=jnp.asarray(cap, dtype), refresh_every=jnp.asarray(refresh_every, jnp.int32),
+            max_precond=jnp.asarray(cap, dtype),
             noise_state=ws.noise_state, warmup=ws,
         )
 
@@ -134,6 +131,8 @@ def sgfs(potential, preconditioner="auto", *, step_size=1.0, max_step=None, refr
         if online:
             pe, grad, per_example = oracle.per_example_grads(theta, indices)
             noise_state = warmup.estimator.update(state.noise_state, per_example)  # κ_t = 1/t (Ahn et al.)
+            # at multiples of refresh_every: the step count is shared by all chains, so under
+            # vmap this is a branch, not a refactorisation at every step
             due = step % refresh_every == 0
             noise, factor, injected = lax.cond(due, lambda ns: refresh(state, ns),
                                                lambda ns: (state.noise_cov, state.factor, state.injected), noise_state)
