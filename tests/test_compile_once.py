@@ -93,3 +93,13 @@ def test_large_closed_over_data_warns_with_the_fix():
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*compiled into the sampling loop.*")
         mcmc.run(jax.random.key(0), x, y, S)
+
+
+def test_kept_init_program_follows_the_number_of_chains():
+    """The kernel keeps its compiled init for the next run with the same arguments; a run with
+    another number of chains (one chain, then two vectorized) must not reuse it."""
+    kernel = ConstantSGD(model, steps_per_sample=5)
+    MCMC(kernel, num_warmup=20, num_samples=5, progress_bar=False).run(jax.random.key(0), X, Y, S)
+    mcmc = MCMC(kernel, num_warmup=20, num_samples=5, num_chains=2, chain_method="vectorized", progress_bar=False)
+    mcmc.run(jax.random.key(0), X, Y, S)
+    assert mcmc.get_samples(group_by_chain=True)["w"].shape == (2, 5, 3)
