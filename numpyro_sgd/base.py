@@ -35,6 +35,7 @@ frozen preconditioner or the warmup state during sampling) is read, never re-che
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from typing import Callable, NamedTuple, Optional
@@ -74,6 +75,9 @@ class SGAlgorithm(NamedTuple):
     end_warmup: Optional[Callable] = None
     #: SG steps per returned sample if the algorithm fixes it (IASG's window); None: the driver's
     window: Optional[int] = None
+    #: SG steps in which the sampled chain forgets where it was (about N/S for the KL-optimal
+    #: kernels), the driver's default ``steps_per_sample``; None: unknown (default 1)
+    relaxation_steps: Optional[int] = None
     #: ``(theta, state) -> (theta, state)`` before the steps of one returned sample
     start_block: Optional[Callable] = None
     #: ``(rng_key, theta, state, oracle, sampling) -> (rng_key, theta, state, num_grad_evals)``
@@ -113,7 +117,8 @@ class SGState(NamedTuple):
     first_divergence: jnp.ndarray
     #: whether a step since the previous returned sample was rejected
     diverging: jnp.ndarray
-    #: number of warmup SG steps (``num_warmup * steps_per_sample``)
+    #: number of warmup SG steps (``num_warmup`` × the warmup steps per iteration, see
+    #: :class:`SGKernel`'s ``warmup_passes``)
     num_warmup_steps: jnp.ndarray
     #: key of the warmup shuffling permutation (``warmup_subsample="shuffle"``)
     shuffle_key: jnp.ndarray
@@ -190,6 +195,13 @@ def _split_arrays(model_args, model_kwargs):
 #: model arguments larger than this, closed over by the compiled loop, get a warning (32 MiB)
 CONSTANT_DATA_WARN_BYTES = 32 * 2**20
 
+#: warmup budget in data passes when the kernel chooses ``steps_per_sample`` (the noise warmup
+#: needs 10–20 passes on the problems of the tests and examples; see the README, "Speed")
+DEFAULT_WARMUP_PASSES = 20
+
+#: an explicit ``steps_per_sample`` below relaxation time / this factor warns at ``init``
+RELAXATION_WARN_FACTOR = 10
+
 
 def _warn_constant_data(name, model_args, model_kwargs):
     """Warn (at trace time) when large data would be compiled into the program as constants.
@@ -245,9 +257,18 @@ class SGKernel(MCMCKernel):
     ``_build(potential) -> SGAlgorithm``; nothing else.
 
     :param model: a NumPyro model with at least one ``numpyro.plate(name, N, subsample_size=S)``.
-    :param int steps_per_sample: SG steps per returned sample, run inside one compiled loop
-        (cheaper Python dispatch; ``num_warmup``/``num_samples`` of MCMC count returned
-        samples, so the kernel takes ``num_warmup * steps_per_sample`` warmup SG steps).
+    :param steps_per_sample: SG steps per returned sample, run inside one compiled loop. Default
+        (None): the algorithm's relaxation time, ⌈N/S⌉ SG steps (one data pass) for the kernels
+        that adapt to the gradient noise (ConstantSGD, SGFS; their KL-optimal chain forgets its
+        start in about one pass, so ``num_samples`` counts nearly independent draws), 1 for the
+        others. An ``int`` fixes it; a value far below the relaxation time warns at ``init``
+        (the ESS is then about num_samples × steps_per_sample × S/N, not num_samples).
+    :param float warmup_passes: the warmup budget in data passes, spread over MCMC's
+        ``num_warmup`` iterations (⌈warmup_passes · N/S / num_warmup⌉ SG steps each, at least
+        one). Default (None): :data:`DEFAULT_WARMUP_PASSES` when ``steps_per_sample`` is the
+        kernel's relaxation time; otherwise (an explicit ``steps_per_sample``, or a kernel with
+        no relaxation time such as SGLD) a warmup iteration takes ``steps_per_sample`` SG steps,
+        as a sampling iteration does.
     :param str subsample: how sampling-phase minibatches are drawn, ``"with_replacement"``
         (default) or ``"without_replacement"`` (see :data:`~numpyro_sgd.potential.SUBSAMPLE_METHODS`).
     :param str warmup_subsample: how warmup minibatches are drawn; defaults to ``subsample``;
@@ -261,13 +282,19 @@ class SGKernel(MCMCKernel):
 
     sample_field = "z"
 
-    def __init__(self, model, *, steps_per_sample=1, subsample="with_replacement",
-                 warmup_subsample=None, init_strategy=init_to_uniform, subsample_size=None):
+    def __init__(self, model, *, steps_per_sample=None, subsample="with_replacement",
+                 warmup_subsample=None, init_strategy=init_to_uniform, subsample_size=None, warmup_passes=None):
         name = type(self).__name__
         if not callable(model):
             raise TypeError(f"{name}: `model` must be a NumPyro model (a callable), got {type(model).__name__}.")
-        if not isinstance(steps_per_sample, int) or steps_per_sample < 1:
-            raise ValueError(f"{name}: steps_per_sample must be an integer >= 1, got {steps_per_sample!r}.")
+        if steps_per_sample is not None and (
+                not isinstance(steps_per_sample, (int, np.integer)) or isinstance(steps_per_sample, bool)
+                or steps_per_sample < 1):
+            raise ValueError(f"{name}: steps_per_sample must be an integer >= 1 or None (the kernel's relaxation "
+                             f"time, one data pass for ConstantSGD/SGFS), got {steps_per_sample!r}.")
+        if warmup_passes is not None and not is_positive_scalar(warmup_passes):
+            raise ValueError(f"{name}: warmup_passes must be a positive number of data passes or None "
+                             f"(default {DEFAULT_WARMUP_PASSES}), got {warmup_passes!r}.")
         if subsample not in ("with_replacement", "without_replacement"):
             hint = (" 'shuffle' is allowed only as warmup_subsample: reshuffling per epoch makes "
                     "consecutive gradients anticorrelated and shrinks the stationary spread."
@@ -280,7 +307,10 @@ class SGKernel(MCMCKernel):
         if warmup_subsample not in SUBSAMPLE_METHODS:
             raise ValueError(f"{name}: warmup_subsample must be one of {SUBSAMPLE_METHODS}, got {warmup_subsample!r}.")
         self._model = model
-        self._steps_per_sample = steps_per_sample
+        self._steps_per_sample_option = None if steps_per_sample is None else int(steps_per_sample)
+        self._steps_per_sample = self._steps_per_sample_option or 1  # resolved when the model is traced
+        self._warmup_passes = warmup_passes
+        self._warmup_steps_per_iteration = self._steps_per_sample
         self._subsample = subsample
         self._warmup_subsample = warmup_subsample
         self._init_strategy = init_strategy
@@ -339,8 +369,14 @@ class SGKernel(MCMCKernel):
 
     @property
     def steps_per_sample(self):
-        """SG steps per returned sample (IASG: its window, known once the model is traced)."""
+        """SG steps per returned sample (the default and IASG's window are known once the model
+        is traced)."""
         return self._steps_per_sample
+
+    @property
+    def warmup_steps_per_iteration(self):
+        """SG steps per warmup iteration of the last :meth:`init` (see ``warmup_passes``)."""
+        return self._warmup_steps_per_iteration
 
     @property
     def run_args(self):
@@ -355,11 +391,11 @@ class SGKernel(MCMCKernel):
     @property
     def driver_options(self):
         """The options of :class:`SGKernel` this kernel was built with (``steps_per_sample``,
-        ``subsample``, ``warmup_subsample``, ``init_strategy``, ``subsample_size``), e.g. for a
-        wrapper to pass on."""
-        return dict(steps_per_sample=self._steps_per_sample, subsample=self._subsample,
+        ``subsample``, ``warmup_subsample``, ``init_strategy``, ``subsample_size``,
+        ``warmup_passes``; None where the kernel chooses), e.g. for a wrapper to pass on."""
+        return dict(steps_per_sample=self._steps_per_sample_option, subsample=self._subsample,
                     warmup_subsample=self._warmup_subsample, init_strategy=self._init_strategy,
-                    subsample_size=self._subsample_size)
+                    subsample_size=self._subsample_size, warmup_passes=self._warmup_passes)
 
     def build(self, potential):
         """The kernel's :class:`SGAlgorithm` for a traced model (what wrappers compose)."""
@@ -419,10 +455,37 @@ class SGKernel(MCMCKernel):
             self._model, model_args, model_kwargs, rng_key=rng_key,
             init_strategy=self._init_strategy, kernel_name=type(self).__name__, subsample_size=self._subsample_size,
         )
-        self._algorithm = self.build(self._potential)
-        if self._algorithm.window is not None:
-            self._steps_per_sample = self._algorithm.window
-        return self._algorithm
+        self._algorithm = alg = self.build(self._potential)
+        if alg.window is not None:
+            self._steps_per_sample = alg.window
+        else:
+            self._steps_per_sample = self._steps_per_sample_option or alg.relaxation_steps or 1
+        return alg
+
+    def _warmup_steps(self, num_warmup):
+        """SG steps per warmup iteration: the ``warmup_passes`` budget spread over ``num_warmup``
+        iterations, or ``steps_per_sample`` (IASG's window; no ``warmup_passes`` with an explicit
+        ``steps_per_sample`` or an algorithm without a relaxation time; a traced ``num_warmup``)."""
+        passes = self._warmup_passes
+        if passes is None and self._steps_per_sample_option is None and self._algorithm.relaxation_steps:
+            passes = DEFAULT_WARMUP_PASSES
+        if self._algorithm.window is not None or passes is None or _is_tracer(num_warmup) or num_warmup < 1:
+            return self._steps_per_sample
+        total = math.ceil(passes * self._potential.steps_per_pass)
+        return max(1, math.ceil(total / num_warmup))
+
+    def _warn_short_blocks(self):
+        """Warn when an explicit ``steps_per_sample`` is far below the relaxation time."""
+        relax, k = self._algorithm.relaxation_steps, self._steps_per_sample
+        if relax is None or self._algorithm.window is not None or k * RELAXATION_WARN_FACTOR >= relax:
+            return
+        warnings.warn(
+            f"{type(self).__name__}: steps_per_sample={k} returns a draw every {k / relax:.2g} of the "
+            f"chain's relaxation time ({relax} SG steps, one data pass of N/S): consecutive draws are "
+            f"nearly copies, so the effective sample size is about num_samples × {k / relax:.2g}, not "
+            "num_samples. Leave steps_per_sample unset (default: the relaxation time) or raise it.",
+            UserWarning, stacklevel=find_stack_level(),
+        )
 
     def init(self, rng_key, num_warmup, init_params=None, model_args=(), model_kwargs=None):
         model_kwargs = {} if model_kwargs is None else model_kwargs
@@ -434,7 +497,9 @@ class SGKernel(MCMCKernel):
             self._run_args = (model_args, model_kwargs)
             self._static_args = _python_scalars(model_args, model_kwargs)
         potential = self._potential
-        num_warmup_steps = num_warmup * self._steps_per_sample
+        self._warn_short_blocks()
+        self._warmup_steps_per_iteration = self._warmup_steps(num_warmup)
+        num_warmup_steps = num_warmup * self._warmup_steps_per_iteration
         if init_params is not None:
             if hasattr(init_params, "z"):  # numpyro ParamInfo
                 init_params = init_params.z
@@ -541,32 +606,33 @@ class SGKernel(MCMCKernel):
         return model_args, model_kwargs
 
     def sample(self, state, model_args, model_kwargs):
-        """``steps_per_sample`` SG steps in one compiled loop.
+        """One iteration: ``steps_per_sample`` SG steps (warmup: ``warmup_steps_per_iteration``)
+        in one compiled loop.
 
         The phase (warmup or sampling) is decided once per call and outside the vmap over
-        chains (all chains share ``i``). ``num_warmup_steps`` is a multiple of
-        ``steps_per_sample``, so a block never straddles the end of warmup; the block that ends
-        warmup freezes the adapted quantities (``end_warmup``). Inside the block the flat θ is
-        carried (not the dict ``z``).
+        chains (all chains share ``i``). ``num_warmup_steps`` is a multiple of the warmup
+        block, so a block never straddles the end of warmup; the block that ends warmup freezes
+        the adapted quantities (``end_warmup``). Inside the block the flat θ is carried (not the
+        dict ``z``).
         """
         model_args, model_kwargs = self._static(model_args, {} if model_kwargs is None else model_kwargs)
         _warn_constant_data(type(self).__name__, model_args, model_kwargs)
         alg = self._get_algorithm()
         view = self.potential.view
         vectorized = jnp.ndim(state.i) > 0
-        k = self._steps_per_sample
+        k, k_warmup = self._steps_per_sample, self._warmup_steps_per_iteration
         over_chains = jax.vmap if vectorized else (lambda f: f)
 
         # every chain is at the same SG step: passing it unbatched keeps an algorithm's
         # `lax.cond` on the step (SGFS's refresh) a branch under vmap, not a select of both
         i = state.i[0] if vectorized else state.i
 
-        def block(step_fn, method):
+        def block(step_fn, method, steps):
             def chain(s, theta):
                 def body(t, carry):
                     return self._transition(*carry, i + t, w, model_args, model_kwargs, step_fn, method)
 
-                return body(0, (s, theta)) if k == 1 else lax.fori_loop(0, k, body, (s, theta))
+                return body(0, (s, theta)) if steps == 1 else lax.fori_loop(0, steps, body, (s, theta))
 
             return chain
 
@@ -578,10 +644,10 @@ class SGKernel(MCMCKernel):
         adapts = alg.end_warmup is not None
 
         def warmup(carry):
-            carry = over_chains(block(alg.warmup_step, self._warmup_subsample))(*carry)
+            carry = over_chains(block(alg.warmup_step, self._warmup_subsample, k_warmup))(*carry)
             if not adapts:
                 return carry
-            return lax.cond(i + k >= w, over_chains(end_warmup), lambda *c: c, *carry)
+            return lax.cond(i + k_warmup >= w, over_chains(end_warmup), lambda *c: c, *carry)
 
         state = state._replace(diverging=jnp.zeros_like(state.diverging))
         sampling = state.i >= state.num_warmup_steps
@@ -589,8 +655,9 @@ class SGKernel(MCMCKernel):
         if alg.start_block is not None:
             theta, ks = over_chains(alg.start_block)(theta, state.kernel_state)
             state = state._replace(kernel_state=ks)
-        sample_block = over_chains(block(alg.sample_step, self._subsample))
-        if not adapts and alg.warmup_step is alg.sample_step and self._warmup_subsample == self._subsample:
+        sample_block = over_chains(block(alg.sample_step, self._subsample, k))
+        if (not adapts and alg.warmup_step is alg.sample_step and self._warmup_subsample == self._subsample
+                and k_warmup == k):
             state, theta = sample_block(state, theta)  # warmup is plain burn-in: no phase switch
         else:
             state, theta = lax.cond(i < w, warmup, lambda c: sample_block(*c), (state, theta))

@@ -125,7 +125,7 @@ def _resolve_window(potential, window, window_error, step_size, name):
     """T (default ⌈N/S⌉) and the u* = ε λ_min of the default ε, warning where the averaging
     theory does not apply (a short window) or the samples are not posterior draws (T ≠ N/S)."""
     n, s = potential.num_data, potential.batch_size
-    one_pass = -(-n // s)  # ⌈N/S⌉
+    one_pass = potential.steps_per_pass
     t = window or one_pass
     step_product = default_step_product(window_error, t)
     if step_size is None and step_product > 0.25:

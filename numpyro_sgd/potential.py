@@ -255,6 +255,11 @@ class SubsampledPotential:
         """Σ over subsample plates of S (per-datum gradients per minibatch gradient)."""
         return sum(p.subsample_size for p in self.plates)
 
+    @property
+    def steps_per_pass(self):
+        """⌈N/S⌉: SG steps per data pass."""
+        return -(-self.num_data // self.batch_size)
+
     def initial_params(self, rng_key, model_args=(), model_kwargs=None, init_strategy=init_to_uniform):
         """Unconstrained initial θ (flat) for one chain, following ``init_strategy``."""
         model_args, model_kwargs = as_jax_args((model_args, {} if model_kwargs is None else model_kwargs))

@@ -142,7 +142,9 @@ def sgfs(potential, preconditioner="auto", *, step_size=1.0, max_step=None, refr
         theta = sgfs_step(k_noise, theta, grad, state.factor, state.injected)  # θ − 2 M⁻¹ (∇Û_S + ξ)
         return theta, state, StepInfo(pe, oracle.batch_size, indices)
 
-    return SGAlgorithm(init, warmup_step, sample_step, end_warmup,
+    # 2 M⁻¹ A ≈ (2S/N) I as for ConstantSGD's optimum: an autocorrelation time of about one
+    # data pass (longer where a step cap binds)
+    return SGAlgorithm(init, warmup_step, sample_step, end_warmup, relaxation_steps=potential.steps_per_pass,
                        describe=lambda state: f"injected noise {float(jnp.mean(state.injected)):.3g}")
 
 

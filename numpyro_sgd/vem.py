@@ -128,6 +128,7 @@ def variational_em(inner, constrain, optimizer):
         return f"{text}, {values}" if text else values
 
     return SGAlgorithm(init, warmup_step, sample_step, end_warmup, window=inner.window, start_block=start_block,
+                       relaxation_steps=inner.relaxation_steps,
                        end_block=end_block if needs_block_end else None, describe=describe,
                        iterates_are_samples=inner.iterates_are_samples)
 

@@ -12,6 +12,7 @@ import pytest
 from numpyro.infer import MCMC
 
 from numpyro_sgd import ConstantSGD, gaussian_kl, lyapunov_covariance
+from numpyro_sgd.base import DEFAULT_WARMUP_PASSES
 from numpyro_sgd.warmup import warmup_refresh_every
 
 PRECONDITIONERS = ["full", "diag", "sqrt", "scalar"]
@@ -195,14 +196,40 @@ def test_constrained_site_on_its_support():
 
 
 def test_short_warmup_warns(small_linreg):
-    k = ConstantSGD(small_linreg.model)
+    k = ConstantSGD(small_linreg.model, steps_per_sample=4)
     with pytest.warns(UserWarning, match="warmup SG steps cannot estimate the gradient noise"):
-        k.init(jax.random.key(0), 5, None, small_linreg.args, {})
+        k.init(jax.random.key(0), 1, None, small_linreg.args, {})
+
+
+def test_default_warmup_is_counted_in_data_passes(small_linreg):
+    """Left to the kernel, 5 warmup iterations carry DEFAULT_WARMUP_PASSES data passes (N/S = 40
+    SG steps each), enough for the noise estimate: no warning; a draw is one data pass."""
+    k = ConstantSGD(small_linreg.model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        state = k.init(jax.random.key(0), 5, None, small_linreg.args, {})
+    steps_per_pass = small_linreg.n // small_linreg.s
+    assert k.steps_per_sample == steps_per_pass
+    assert k.warmup_steps_per_iteration == -(-DEFAULT_WARMUP_PASSES * steps_per_pass // 5)
+    assert int(state.num_warmup_steps) == 5 * k.warmup_steps_per_iteration
+    # an explicit warmup budget and an explicit steps_per_sample are kept
+    k = ConstantSGD(small_linreg.model, warmup_passes=2)
+    k.init(jax.random.key(0), 8, None, small_linreg.args, {})
+    assert k.warmup_steps_per_iteration == 2 * steps_per_pass // 8
+    k = ConstantSGD(small_linreg.model, steps_per_sample=4)
+    k.init(jax.random.key(0), 100, None, small_linreg.args, {})
+    assert (k.steps_per_sample, k.warmup_steps_per_iteration) == (4, 4)
+
+
+def test_steps_per_sample_far_below_relaxation_warns(small_linreg):
+    with pytest.warns(UserWarning, match="consecutive draws are nearly copies"):
+        ConstantSGD(small_linreg.model, steps_per_sample=2).init(jax.random.key(0), 100, None, small_linreg.args, {})
 
 
 def test_without_warmup_no_step_is_taken_silently(small_linreg):
     """No warmup: the preconditioner is undefined, so every step is rejected and counted."""
-    mcmc = MCMC(ConstantSGD(small_linreg.model), num_warmup=0, num_samples=20, progress_bar=False)
+    mcmc = MCMC(ConstantSGD(small_linreg.model, steps_per_sample=1), num_warmup=0, num_samples=20,
+                progress_bar=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         mcmc.run(jax.random.key(0), *small_linreg.args)

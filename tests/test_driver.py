@@ -32,8 +32,8 @@ def _run(kernel, *args, progress_bar=False, **mcmc_kw):
 def test_kernel_subsample_size_is_the_model_declaring_it():
     """subsample_size=40 on the kernel draws exactly what a model declaring S = 40 draws, with
     NumPyro's N/S scaling (so the same potentials) and 40 per-datum gradients per step."""
-    overridden = _run(ConstantSGD(model, "full", subsample_size=40), X, Y)
-    declared = _run(ConstantSGD(model, "full"), X, Y, 40)
+    overridden = _run(ConstantSGD(model, "full", subsample_size=40, steps_per_sample=1), X, Y)
+    declared = _run(ConstantSGD(model, "full", steps_per_sample=1), X, Y, 40)
     np.testing.assert_array_equal(overridden.get_samples()["w"], declared.get_samples()["w"])
     np.testing.assert_allclose(overridden.get_extra_fields()["data_passes"][-1], 150 * 40 / N)
     assert overridden.sampler.potential.plates[0].subsample_size == 40
