@@ -5,6 +5,7 @@ from .constant_sgd import ConstantSGD, ConstantSGDState, constant_sgd
 from .diagnostics import fit_gaussian, gaussian_kl
 from .ewsg import EWSG, EWSGVR, EWSGState, EWSGVRState, OverdampedEWSG, OverdampedEWSGState, ewsg, ewsg_vr
 from .iasg import IASG, IASGState, iasg
+from .loo import LooSubsample, compare_loo, loo_subsample
 from .potential import MinibatchOracle, PlateInfo, SubsampledPotential
 from .santa import Santa, SantaState, map_estimate, santa, santa_algorithm
 from .schedules import polynomial_annealing, robbins_monro
@@ -25,6 +26,7 @@ __all__ = [
     "EWSGVRState",
     "IASG",
     "IASGState",
+    "LooSubsample",
     "MinibatchOracle",
     "OverdampedEWSG",
     "OverdampedEWSGState",
@@ -46,12 +48,14 @@ __all__ = [
     "SubsampledPotential",
     "VariationalEM",
     "VariationalEMState",
+    "compare_loo",
     "constant_sgd",
     "ewsg",
     "ewsg_vr",
     "fit_gaussian",
     "gaussian_kl",
     "iasg",
+    "loo_subsample",
     "lyapunov_covariance",
     "map_estimate",
     "polynomial_annealing",

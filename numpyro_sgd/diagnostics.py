@@ -13,17 +13,21 @@ from __future__ import annotations
 
 import inspect
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from numpyro import handlers
+from numpyro.util import find_stack_level
 
 __all__ = [
     "gaussian_kl",
     "fit_gaussian",
     "moment_errors",
     "pointwise_log_likelihood",
+    "log_likelihood_chunks",
+    "LOG_LIKELIHOOD_AUTO_MAX_BYTES",
     "to_arviz",
     "draws_of",
     "compare",
@@ -112,53 +116,81 @@ def _kernel_of(mcmc):
     return kernel
 
 
+def log_likelihood_chunks(kernel, samples, model_args=(), model_kwargs=None, chunk_size=10_000,
+                          batch_ndims=2, indices=None, plates=None):
+    """Stream the full-data pointwise log-likelihood chunk by chunk (memory O(draws × chunk)).
+
+    Yields ``(plate, idx, values)`` for every chunk of every subsample plate that has observed
+    sites: ``idx`` the NumPy data indices of the chunk (at most ``chunk_size``), ``values`` a
+    dict site -> JAX array (flat draws, len(idx)) of log p(y_i | θ_s), event dimensions summed.
+    The plate is set to the chunk's indices (never to a random minibatch); one compiled program
+    serves every chunk (the last chunk is padded with index 0 and cut), and the model's arrays
+    are passed to it as arguments, not compiled in as constants.
+
+    :param kernel: a numpyro_sgd kernel after ``init`` (e.g. ``mcmc.sampler``).
+    :param dict samples: constrained samples with ``batch_ndims`` leading dimensions.
+    :param indices: ``{plate name: int array}`` of the data indices to evaluate (default: all N,
+        in order).
+    :param plates: names of the plates to evaluate (default: every plate with observed sites).
+    """
+    from .base import _split_arrays
+    from .potential import _SetPlateIndices, as_jax_args
+
+    model_args, model_kwargs = as_jax_args((model_args, {} if model_kwargs is None else model_kwargs))
+    potential = kernel.potential
+    samples = {k: jnp.asarray(v) for k, v in samples.items() if k in potential.view.names}
+    flat = {k: v.reshape((-1,) + v.shape[batch_ndims:]) for k, v in samples.items()}
+    model = kernel.subsampled_model
+    if potential.param_values:
+        model = handlers.substitute(model, data=potential.param_values)
+    arrays, rebuild, _ = _split_arrays(model_args, model_kwargs)
+    base_idx = {p.name: jnp.arange(min(p.subsample_size, p.size)) for p in potential.plates}
+    for plate in potential.plates:
+        sites = potential.observed[plate.name]
+        if not sites or (plates is not None and plate.name not in plates):
+            continue
+        wanted = np.arange(plate.size) if indices is None else np.asarray(indices[plate.name])
+        width = max(1, min(chunk_size, wanted.shape[0]))
+
+        def one(values, chunk_idx, arrays, _plate=plate.name, _sites=sites):
+            args, kwargs = rebuild(arrays)
+            idx = dict(base_idx, **{_plate: chunk_idx})
+            m = handlers.substitute(_SetPlateIndices(model, indices=idx), data=values)
+            tr = handlers.trace(m).get_trace(*args, **kwargs)
+            res = {}
+            for k in _sites:
+                lp = tr[k]["fn"].log_prob(tr[k]["value"])
+                # sum event/inner-plate dims so that one column is one datum of the plate
+                res[k] = jnp.reshape(lp, (lp.shape[0], -1)).sum(-1) if lp.ndim > 1 else lp
+            return res
+
+        program = jax.jit(jax.vmap(one, in_axes=(0, None, None)))
+        for start in range(0, wanted.shape[0], width):
+            idx = wanted[start:start + width]
+            padded = np.zeros(width, dtype=np.int64)
+            padded[:idx.shape[0]] = idx
+            chunk = program(flat, jnp.asarray(padded, dtype=jnp.int32), arrays)
+            yield plate.name, idx, {k: v[:, :idx.shape[0]] for k, v in chunk.items()}
+
+
 def pointwise_log_likelihood(kernel, samples, model_args=(), model_kwargs=None, chunk_size=10_000,
                              batch_ndims=2):
     """Full-data pointwise log-likelihood of every observed site in a subsample plate.
 
     The plate is set to chunks of ``chunk_size`` consecutive indices (never to a random
     minibatch), so memory stays O(draws × chunk) per evaluation; the result for site ``k`` in a
-    plate of size N has shape ``batch + (N,)`` (event dimensions summed).
+    plate of size N has shape ``batch + (N,)`` (event dimensions summed). See
+    :func:`log_likelihood_chunks` to reduce the chunks without keeping them.
 
     :param kernel: a numpyro_sgd kernel after ``init`` (e.g. ``mcmc.sampler``).
     :param dict samples: constrained samples with ``batch_ndims`` leading dimensions.
     """
-    from .potential import _SetPlateIndices, as_jax_args
-
-    model_args, model_kwargs = as_jax_args((model_args, {} if model_kwargs is None else model_kwargs))
-    potential = kernel.potential
-    samples = {k: jnp.asarray(v) for k, v in samples.items() if k in potential.view.names}
     batch_shape = next(iter(samples.values())).shape[:batch_ndims]
-    flat = {k: v.reshape((-1,) + v.shape[batch_ndims:]) for k, v in samples.items()}
-    model = kernel.subsampled_model
-    if potential.param_values:
-        model = handlers.substitute(model, data=potential.param_values)
-    out = {}
-    for plate in potential.plates:
-        sites = potential.observed[plate.name]
-        if not sites:
-            continue
-        pieces = {k: [] for k in sites}
-        for start in range(0, plate.size, chunk_size):
-            idx = {p.name: jnp.arange(min(p.subsample_size, p.size)) for p in potential.plates}
-            idx[plate.name] = jnp.arange(start, min(start + chunk_size, plate.size))
-
-            def one(values, _idx=idx):
-                m = handlers.substitute(_SetPlateIndices(model, indices=_idx), data=values)
-                tr = handlers.trace(m).get_trace(*model_args, **model_kwargs)
-                res = {}
-                for k in sites:
-                    lp = tr[k]["fn"].log_prob(tr[k]["value"])
-                    # sum event/inner-plate dims so that one column is one datum of the plate
-                    res[k] = jnp.reshape(lp, (lp.shape[0], -1)).sum(-1) if lp.ndim > 1 else lp
-                return res
-
-            chunk = jax.jit(jax.vmap(one))(flat)
-            for k in sites:
-                pieces[k].append(np.asarray(chunk[k]))
-        for k in sites:
-            out[k] = np.concatenate(pieces[k], axis=-1).reshape(batch_shape + (plate.size,))
-    return out
+    pieces = {}
+    for _, _, chunk in log_likelihood_chunks(kernel, samples, model_args, model_kwargs, chunk_size, batch_ndims):
+        for k, v in chunk.items():
+            pieces.setdefault(k, []).append(np.asarray(v))
+    return {k: np.concatenate(v, axis=-1).reshape(batch_shape + (-1,)) for k, v in pieces.items()}
 
 
 def _observed_data(kernel, model_args, model_kwargs):
@@ -176,7 +208,18 @@ def _observed_data(kernel, model_args, model_kwargs):
     return out
 
 
-def to_arviz(mcmc, *args, chunk_size=10_000, log_likelihood=True, **kwargs):
+#: ``to_arviz(log_likelihood="auto")`` stores the pointwise log-likelihood only up to this size
+#: (chains × draws × N × 4 bytes; 512 MiB).
+LOG_LIKELIHOOD_AUTO_MAX_BYTES = 512 * 2**20
+
+
+def _pointwise_bytes(kernel, chains, draws):
+    """Bytes of the (chains, draws, N) float32 pointwise log-likelihood of every observed site."""
+    potential = kernel.potential
+    return sum(4 * chains * draws * p.size * len(potential.observed[p.name]) for p in potential.plates)
+
+
+def to_arviz(mcmc, *args, chunk_size=10_000, log_likelihood="auto", **kwargs):
     """ArviZ data of an ``MCMC`` run of a numpyro_sgd kernel, correct for subsampled models.
 
     Groups: ``posterior`` (constrained samples), ``log_likelihood`` (full-data pointwise, shape
@@ -187,6 +230,12 @@ def to_arviz(mcmc, *args, chunk_size=10_000, log_likelihood=True, **kwargs):
 
     :param mcmc: a finished :class:`numpyro.infer.MCMC` run of a numpyro_sgd kernel.
     :param args, kwargs: the model arguments (default: those of the last ``mcmc.run``).
+    :param int chunk_size: data points per evaluation of the log-likelihood.
+    :param log_likelihood: ``True``: add ``log_likelihood`` and ``observed_data``; ``False``: leave
+        them out; ``"auto"`` (default): add them only if chains × draws × N × 4 bytes (summed over
+        the observed sites) is at most :data:`LOG_LIKELIHOOD_AUTO_MAX_BYTES` (512 MiB), else leave
+        them out with a ``UserWarning`` saying how large they would be. At large N use
+        :func:`numpyro_sgd.loo_subsample`, whose memory does not grow with N.
     :return: ``arviz.InferenceData`` (ArviZ 0.23) or ``xarray.DataTree`` (ArviZ 1.x).
     """
     kernel = _kernel_of(mcmc)
@@ -206,6 +255,19 @@ def to_arviz(mcmc, *args, chunk_size=10_000, log_likelihood=True, **kwargs):
         step = np.broadcast_to(np.asarray(step, float).reshape(-1)[:chains], (chains,))
         stats["step_size"] = np.repeat(step[:, None], draws, axis=1)
     groups["sample_stats"] = stats
+    if log_likelihood not in (True, False, "auto"):
+        raise ValueError(f"to_arviz: log_likelihood must be True, False or 'auto', got {log_likelihood!r}.")
+    if log_likelihood == "auto":
+        size = _pointwise_bytes(kernel, chains, draws)
+        log_likelihood = size <= LOG_LIKELIHOOD_AUTO_MAX_BYTES
+        if not log_likelihood:
+            warnings.warn(
+                f"to_arviz: the pointwise log-likelihood would take {size / 2**20:,.0f} MiB "
+                f"(chains × draws × N × 4 bytes, above LOG_LIKELIHOOD_AUTO_MAX_BYTES = "
+                f"{LOG_LIKELIHOOD_AUTO_MAX_BYTES / 2**20:,.0f} MiB), so the log_likelihood and observed_data "
+                "groups are left out; pass log_likelihood=True to compute them anyway, or use "
+                "numpyro_sgd.loo_subsample for leave-one-out cross-validation at large N.",
+                UserWarning, stacklevel=find_stack_level())
     if log_likelihood:
         groups["log_likelihood"] = pointwise_log_likelihood(kernel, samples, args, kwargs, chunk_size)
         groups["observed_data"] = _observed_data(kernel, args, kwargs)
