@@ -48,7 +48,14 @@ from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import find_stack_level, is_prng_key
 
-from .potential import SUBSAMPLE_METHODS, MinibatchOracle, SubsampledPotential, _SetPlateIndices, as_jax_args
+from .potential import (
+    SUBSAMPLE_METHODS,
+    MinibatchOracle,
+    SubsampledPotential,
+    _SetPlateIndices,
+    _split_arrays,
+    as_jax_args,
+)
 
 __all__ = ["SGState", "SGKernel", "SGAlgorithm", "StepInfo", "MinibatchOracle", "is_positive_scalar",
            "pick_chain", "renamed_keyword"]
@@ -177,21 +184,6 @@ def _python_scalars(model_args, model_kwargs):
             {k: v for k, v in model_kwargs.items() if isinstance(v, scalar)})
 
 
-def _split_arrays(model_args, model_kwargs):
-    """``(arrays, rebuild, key)``: the array leaves of the model arguments, a function putting
-    arrays back into place (the other leaves, e.g. a Python ``subsample_size``, stay as they
-    are) and a hashable key that identifies the arguments (arrays by identity)."""
-    leaves, treedef = jax.tree.flatten((model_args, model_kwargs))
-    is_array = [isinstance(leaf, (jax.Array, np.ndarray)) for leaf in leaves]
-
-    def rebuild(arrays):
-        it = iter(arrays)
-        return jax.tree.unflatten(treedef, [next(it) if a else leaf for leaf, a in zip(leaves, is_array)])
-
-    key = (treedef, tuple(id(leaf) if a else leaf for leaf, a in zip(leaves, is_array)))
-    return [leaf for leaf, a in zip(leaves, is_array) if a], rebuild, key
-
-
 #: model arguments larger than this, closed over by the compiled loop, get a warning (32 MiB)
 CONSTANT_DATA_WARN_BYTES = 32 * 2**20
 
@@ -201,6 +193,10 @@ DEFAULT_WARMUP_PASSES = 20
 
 #: an explicit ``steps_per_sample`` below relaxation time / this factor warns at ``init``
 RELAXATION_WARN_FACTOR = 10
+
+#: ``init`` checks that a minibatch gradient's cost shrinks with S for N at least this large
+#: (:meth:`~numpyro_sgd.potential.SubsampledPotential.fixed_step_cost`; below, a pass is cheap)
+FULL_DATA_CHECK_MIN_N = 10_000
 
 
 def _warn_constant_data(name, model_args, model_kwargs):
@@ -327,6 +323,7 @@ class SGKernel(MCMCKernel):
         self._sample_fn = None
         self._diag_time, self._diag_text = -1.0, ""
         self._init_program = None
+        self._cost_checked = None  # the model arguments fixed_step_cost was checked for
 
     # ------------------------------------------------------------------ what a kernel provides
     def _build(self, potential):
@@ -406,6 +403,7 @@ class SGKernel(MCMCKernel):
         state["_sample_fn"] = None
         state["_algorithm"] = None  # rebuilt from the potential on demand (holds closures)
         state["_init_program"] = None
+        state["_cost_checked"] = None
         return state
 
     def _get_algorithm(self):
@@ -474,6 +472,26 @@ class SGKernel(MCMCKernel):
         total = math.ceil(passes * self._potential.steps_per_pass)
         return max(1, math.ceil(total / num_warmup))
 
+    def _warn_full_data_steps(self, model_args, model_kwargs):
+        """Warn when every minibatch gradient does O(N) work (checked once per model arguments)."""
+        potential = self._potential
+        n, s = potential.num_data, potential.batch_size
+        key = _split_arrays(model_args, model_kwargs)[2]
+        if n < FULL_DATA_CHECK_MIN_N or self._cost_checked == key:
+            return
+        self._cost_checked = key
+        fixed = potential.fixed_step_cost(model_args, model_kwargs)
+        if fixed is None or fixed < max(0.1 * n, 10 * s):
+            return
+        warnings.warn(
+            f"{type(self).__name__}: every minibatch gradient does work that does not shrink with S, about "
+            f"{fixed:,.0f} data points' worth (N = {n:,}, S = {s:,}), so each SG step costs about "
+            f"{fixed / n:.0%} of a full-data pass. The usual cause is a quantity computed from all N rows "
+            "outside the plate and indexed inside it (mu = X @ w; ... mu[idx]); compute it from the "
+            "minibatch inside the plate instead (X[idx] @ w).",
+            UserWarning, stacklevel=find_stack_level(),
+        )
+
     def _warn_short_blocks(self):
         """Warn when an explicit ``steps_per_sample`` is far below the relaxation time."""
         relax, k = self._algorithm.relaxation_steps, self._steps_per_sample
@@ -498,6 +516,8 @@ class SGKernel(MCMCKernel):
             self._static_args = _python_scalars(model_args, model_kwargs)
         potential = self._potential
         self._warn_short_blocks()
+        if not _is_tracer((model_args, model_kwargs)):
+            self._warn_full_data_steps(model_args, model_kwargs)
         self._warmup_steps_per_iteration = self._warmup_steps(num_warmup)
         num_warmup_steps = num_warmup * self._warmup_steps_per_iteration
         if init_params is not None:

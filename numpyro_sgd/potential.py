@@ -64,9 +64,12 @@ class _SetPlateIndices(Messenger):
     substituted length differs from the declared subsample_size (e.g. for one index).
     """
 
-    def __init__(self, fn=None, indices=None):
+    def __init__(self, fn=None, indices=None, promote=None):
         self.indices = indices
+        self.promote = {} if promote is None else promote
         self.found = {}
+        #: {name: size} of the plates that do not subsample (discovery mode)
+        self.full_plates = {}
         super().__init__(fn)
 
     def process_message(self, msg):
@@ -75,7 +78,11 @@ class _SetPlateIndices(Messenger):
         size, subsample_size = msg["args"]
         name = msg["name"]
         if self.indices is None:
+            if (subsample_size is None or subsample_size == size) and name in self.promote:
+                subsample_size = min(self.promote[name], size)  # the kernel's S for a full plate
+                msg["args"] = (size, subsample_size)
             if subsample_size is None or subsample_size == size:
+                self.full_plates[name] = int(size)
                 return
             if not 1 <= subsample_size <= size:
                 raise ValueError(
@@ -174,20 +181,27 @@ class SubsampledPotential:
         """
         model_kwargs = {} if model_kwargs is None else model_kwargs
         rng_key = random.key(0) if rng_key is None else rng_key
-        finder = _SetPlateIndices()
-        traced = handlers.trace(
-            handlers.substitute(handlers.seed(finder(model), rng_key), substitute_fn=init_strategy)
-        )
-        try:
-            tr = traced.get_trace(*model_args, **model_kwargs)
-        except NotImplementedError as e:  # pragma: no cover - unusual user distributions
-            raise ValueError(f"{kernel_name}: could not trace the model: {e}") from e
+        tr, finder = _discover(model, model_args, model_kwargs, rng_key, init_strategy, kernel_name)
+        if not finder.found and subsample_size is not None:
+            # the model's plates do not subsample (NumPyro's `subsample_size=None` pattern, one
+            # model for NUTS and SG): the kernel's subsample_size says which plate to subsample
+            promote = _plates_to_promote(tr, finder.full_plates, subsample_size, kernel_name)
+            try:
+                tr, finder = _discover(model, model_args, model_kwargs, rng_key, init_strategy, kernel_name, promote)
+            except ValueError as e:
+                raise ValueError(
+                    f"{kernel_name}: subsampling plate(s) {sorted(promote)} (declared without subsample_size) "
+                    f"failed: {e}. Index the data with the plate's indices, `with numpyro.plate(name, N, "
+                    "subsample_size=subsample_size) as idx: ... X[idx] ... obs=y[idx]`, so that a minibatch "
+                    "can be substituted."
+                ) from e
         plates = _override_subsample_sizes(tuple(finder.found.values()), subsample_size, kernel_name)
         if not plates:
             raise ValueError(
                 f"{kernel_name}: the model has no subsample plate; wrap the likelihood in "
                 "numpyro.plate('data', N, subsample_size=S) so that the kernel can draw "
-                "minibatches (use NUTS for full-batch sampling)."
+                "minibatches (or give the kernel subsample_size=S for a plate declared without one; "
+                "use NUTS for full-batch sampling)."
             )
         names = {p.name for p in plates}
         latent, params, observed, plate_det = {}, {}, {p.name: [] for p in plates}, []
@@ -322,6 +336,39 @@ class SubsampledPotential:
         """(Û_S(θ), ∇Û_S(θ)) for one minibatch."""
         return jax.value_and_grad(self.potential)(theta, indices, model_args, model_kwargs, params)
 
+    def fixed_step_cost(self, model_args=(), model_kwargs=None):
+        """How many data points' worth of work a minibatch gradient does whatever S is.
+
+        XLA's cost analysis (flops) of the lowered ∇Û_S at two minibatch sizes s and 2s (every
+        plate at once; nothing is compiled or run) gives cost(s) = a + b s; the result is a / b,
+        the S-independent work in units of one datum's. A well-written model scores about the
+        prior's cost (a few data points); one that computes on all N rows every step (e.g. a
+        predictor ``mu = X @ w`` indexed as ``mu[idx]`` inside the plate) scores about N.
+        Returns None where the cost analysis is unavailable.
+        """
+        arrays, rebuild, _ = _split_arrays(model_args, {} if model_kwargs is None else model_kwargs)
+        abstract = [jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)) for a in arrays]
+        theta = jax.ShapeDtypeStruct((self.dim,), jnp.result_type(float))
+
+        def flops(scale):
+            idx = {p.name: jax.ShapeDtypeStruct((min(p.size, scale * min(p.subsample_size, 16)),), jnp.int32)
+                   for p in self.plates}
+            fn = jax.jit(lambda th, i, arr: self.potential_and_grad(th, i, *rebuild(arr)))
+            cost = fn.lower(theta, idx, abstract).cost_analysis()
+            cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+            return (float(cost["flops"]) if cost and "flops" in cost else None), sum(v.shape[0] for v in idx.values())
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                (f1, n1), (f2, n2) = flops(1), flops(2)
+        except Exception:  # noqa: BLE001 - an advisory check; the sampler reports real failures
+            return None
+        if f1 is None or f2 is None or n2 == n1 or f2 <= f1:
+            return None
+        per_datum = (f2 - f1) / (n2 - n1)
+        return max(0.0, f1 - per_datum * n1) / per_datum
+
     def per_example_grads(self, theta, indices, model_args=(), model_kwargs=None, params=None):
         """Û_S(θ), ∇Û_S(θ) and a tuple (one per plate) of S × D single-example gradients.
 
@@ -396,6 +443,52 @@ class SubsampledPotential:
             out = constrain_fn(model, model_args, model_kwargs, self.view.unravel(theta),
                                return_deterministic=True)
         return {k: v for k, v in out.items() if k not in self.plate_deterministic}
+
+
+def _split_arrays(model_args, model_kwargs):
+    """``(arrays, rebuild, key)``: the array leaves of the model arguments, a function putting
+    arrays back into place (the other leaves, e.g. a Python ``subsample_size``, stay as they
+    are) and a hashable key that identifies the arguments (arrays by identity)."""
+    leaves, treedef = jax.tree.flatten((model_args, model_kwargs))
+    is_array = [isinstance(leaf, (jax.Array, np.ndarray)) for leaf in leaves]
+
+    def rebuild(arrays):
+        it = iter(arrays)
+        return jax.tree.unflatten(treedef, [next(it) if a else leaf for leaf, a in zip(leaves, is_array)])
+
+    key = (treedef, tuple(id(leaf) if a else leaf for leaf, a in zip(leaves, is_array)))
+    return [leaf for leaf, a in zip(leaves, is_array) if a], rebuild, key
+
+
+def _discover(model, model_args, model_kwargs, rng_key, init_strategy, kernel_name, promote=None):
+    """Trace ``model`` once in discovery mode: ``(trace, finder)`` (``finder.found``: its subsample
+    plates; ``promote``: full plates to treat as subsampled with the given S)."""
+    finder = _SetPlateIndices(promote=promote)
+    traced = handlers.trace(handlers.substitute(handlers.seed(finder(model), rng_key), substitute_fn=init_strategy))
+    try:
+        return traced.get_trace(*model_args, **model_kwargs), finder
+    except NotImplementedError as e:  # pragma: no cover - unusual user distributions
+        raise ValueError(f"{kernel_name}: could not trace the model: {e}") from e
+
+
+def _plates_to_promote(trace, full_plates, subsample_size, kernel_name):
+    """``{plate: S}`` for a model none of whose plates subsamples: the plates the kernel's
+    ``subsample_size`` names (a dict), or the one plate holding observed sites (an int)."""
+    if isinstance(subsample_size, dict):
+        unknown = sorted(set(subsample_size) - set(full_plates))
+        if unknown:
+            raise ValueError(f"{kernel_name}: subsample_size names {unknown}, which are not plates of the model "
+                             f"(those are {sorted(full_plates)}).")
+        return dict(subsample_size)
+    observed = sorted({f.name for site in trace.values() if site["type"] == "sample" and site.get("is_observed")
+                       for f in site["cond_indep_stack"] if f.name in full_plates})
+    if len(observed) != 1:
+        raise ValueError(
+            f"{kernel_name}: no plate of the model subsamples, and subsample_size={subsample_size} does not say "
+            f"which to subsample: the plates holding observed sites are {observed or 'none'}. Pass "
+            "subsample_size={plate name: S}, or declare numpyro.plate(name, N, subsample_size=S) in the model."
+        )
+    return {observed[0]: subsample_size}
 
 
 def _override_subsample_sizes(plates, subsample_size, kernel_name):

@@ -79,3 +79,76 @@ def test_auto_preconditioner_is_one_rule():
         alg, _, theta = kernel.algorithm(jax.random.key(0), X, Y)
         state = alg.init(jax.random.key(1), theta, 100)
         assert getattr(state, field).shape == shape, (kernel, field)
+
+
+def full_plate_model(x, y, subsample_size=None):
+    """NumPyro's own pattern (examples/covtype.py, hmcecs.py): one model for NUTS (None: the
+    plate covers all N) and for subsampling kernels."""
+    w = numpyro.sample("w", dist.Normal(0, 1).expand([2]).to_event(1))
+    with numpyro.plate("data", x.shape[0], subsample_size=subsample_size) as idx:
+        numpyro.sample("y", dist.Normal(x[idx] @ w, 1.0), obs=y[idx])
+
+
+def test_one_model_for_nuts_and_sg():
+    """A plate declared without subsample_size is subsampled by the kernel's subsample_size: the
+    same draws as passing S as the model argument, and NumPyro's N/S scaling (the potential of a
+    minibatch of all N indices is the full-data potential)."""
+    by_kernel = _run(ConstantSGD(full_plate_model, "full", subsample_size=40, steps_per_sample=1), X, Y)
+    by_argument = _run(ConstantSGD(full_plate_model, "full", steps_per_sample=1), X, Y, 40)
+    np.testing.assert_array_equal(by_kernel.get_samples()["w"], by_argument.get_samples()["w"])
+    potential = by_kernel.sampler.potential
+    assert [(p.name, p.size, p.subsample_size) for p in potential.plates] == [("data", N, 40)]
+    theta = jnp.array([0.3, -0.2])
+    full = potential.potential(theta, potential.full_indices(), (X, Y))
+    nuts_model_potential = numpyro.infer.util.potential_energy(full_plate_model, (X, Y), {}, {"w": theta})
+    np.testing.assert_allclose(full, nuts_model_potential, rtol=1e-6)
+
+
+def two_plate_model(x, y, z):
+    w = numpyro.sample("w", dist.Normal(0, 1).expand([2]).to_event(1))
+    with numpyro.plate("data", x.shape[0]) as idx:
+        numpyro.sample("y", dist.Normal(x[idx] @ w, 1.0), obs=y[idx])
+    with numpyro.plate("other", z.shape[0]) as j:
+        numpyro.sample("z", dist.Normal(w[0], 1.0), obs=z[j])
+
+
+def unindexed_model(x, y):
+    w = numpyro.sample("w", dist.Normal(0, 1).expand([2]).to_event(1))
+    with numpyro.plate("data", x.shape[0]):
+        numpyro.sample("y", dist.Normal(x @ w, 1.0), obs=y)
+
+
+def test_subsampling_a_full_plate_needs_one_answer():
+    """Two plates with data and an int subsample_size: which one is meant is not guessed; a dict
+    picks it. A model that does not index its data by the plate's indices cannot be subsampled."""
+    z = jnp.ones(50)
+    with pytest.raises(ValueError, match=r"does not say which to subsample.*\['data', 'other'\].*subsample_size="):
+        ConstantSGD(two_plate_model, subsample_size=10).init(jax.random.key(0), 10, None, (X, Y, z), {})
+    kernel = ConstantSGD(two_plate_model, subsample_size={"data": 10})
+    kernel.init(jax.random.key(0), 10, None, (X, Y, z), {})
+    assert [(p.name, p.subsample_size) for p in kernel.potential.plates] == [("data", 10)]
+    with pytest.raises(ValueError, match=r"subsampling plate\(s\) \['data'\].*as idx"):
+        ConstantSGD(unindexed_model, subsample_size=10).init(jax.random.key(0), 10, None, (X, Y), {})
+
+
+def test_a_step_that_touches_all_n_rows_warns():
+    """mu = X @ w outside the plate, mu[idx] inside: the same draws, but every step does O(N)
+    work; init says so (XLA cost analysis at two minibatch sizes). The per-datum model does not
+    warn. N = 20,000 ≥ FULL_DATA_CHECK_MIN_N."""
+    import warnings
+
+    n = 20_000
+    x = jnp.asarray(np.random.default_rng(1).normal(size=(n, 2)))
+    y = x @ jnp.array([1.0, -0.5])
+
+    def predictor_on_all_rows(x, y):
+        w = numpyro.sample("w", dist.Normal(0, 1).expand([2]).to_event(1))
+        mu = x @ w
+        with numpyro.plate("data", x.shape[0], subsample_size=100) as idx:
+            numpyro.sample("y", dist.Normal(mu[idx], 1.0), obs=y[idx])
+
+    with pytest.warns(UserWarning, match=r"does not shrink with S.*mu\[idx\].*X\[idx\] @ w"):
+        ConstantSGD(predictor_on_all_rows).init(jax.random.key(0), 10, None, (x, y), {})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ConstantSGD(model).init(jax.random.key(0), 10, None, (x, y, 100), {})
