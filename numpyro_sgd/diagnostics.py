@@ -31,6 +31,7 @@ __all__ = [
     "to_arviz",
     "draws_of",
     "compare",
+    "nuts_reference",
     "plot_marginals",
     "plot_ellipses",
     "plot_convergence",
@@ -352,6 +353,28 @@ def _divergences(run):
         return -1
 
 
+def nuts_reference(run, *, num_warmup=1000, num_samples=1000, num_chains=None, rng_key=None, **nuts_options):
+    """A full-data NUTS run of the model of a numpyro_sgd ``run``: the same model (its
+    subsample plates set to all N indices: :attr:`~numpyro_sgd.SGKernel.model`) and the same
+    model arguments, so no second copy of the model is needed.
+
+    :param run: a finished ``MCMC`` run of a numpyro_sgd kernel.
+    :param num_chains: default: the run's number of chains (sequential).
+    :param rng_key: default ``jax.random.key(0)``.
+    :param nuts_options: passed to :class:`numpyro.infer.NUTS`.
+    :return: the finished NUTS ``MCMC``.
+    """
+    from numpyro.infer import MCMC, NUTS
+
+    kernel = _kernel_of(run)
+    args, kwargs = kernel.run_args
+    nuts = MCMC(NUTS(kernel.model, **nuts_options), num_warmup=num_warmup, num_samples=num_samples,
+                num_chains=run.num_chains if num_chains is None else num_chains, chain_method="sequential",
+                progress_bar=False)
+    nuts.run(jax.random.key(0) if rng_key is None else rng_key, *args, **kwargs)
+    return nuts
+
+
 def compare(runs, reference, *, names=None, transforms=None, wall_times=None, data_passes=None):
     """One row per run: how far its draws are from ``reference``.
 
@@ -365,7 +388,9 @@ def compare(runs, reference, *, names=None, transforms=None, wall_times=None, da
 
     :param dict runs: name -> MCMC run, ArviZ data or dict of (chains, draws, ...) arrays.
     :param reference: an MCMC run (e.g. long NUTS), ArviZ data, a dict / ``np.load`` of reference
-        draws (chains, draws, ...), or an exact Gaussian ``(mean, cov)`` on the unconstrained scale.
+        draws (chains, draws, ...), an exact Gaussian ``(mean, cov)`` on the unconstrained scale,
+        or ``"nuts"``: a full-data NUTS run of the first numpyro_sgd run's own model
+        (:func:`nuts_reference`, 1,000 warmup + 1,000 draws per chain).
     :param names: sites to compare (default: the reference's sites, or the first run's).
     :param transforms: site -> transform to the support (default: from the first numpyro_sgd run).
     :param dict wall_times: name -> seconds. :param dict data_passes: name -> passes (overrides).
@@ -373,6 +398,14 @@ def compare(runs, reference, *, names=None, transforms=None, wall_times=None, da
     """
     import pandas as pd
 
+    if isinstance(reference, str):
+        if reference != "nuts":
+            raise ValueError(f"compare: reference={reference!r}; the only named reference is 'nuts' (a full-data "
+                             "NUTS run of the SG run's model); otherwise pass draws, a run or (mean, cov).")
+        sg = [r for r in runs.values() if getattr(r, "sampler", None) is not None and hasattr(r.sampler, "potential")]
+        if not sg:
+            raise ValueError("compare: reference='nuts' needs an MCMC run of a numpyro_sgd kernel among the runs.")
+        reference = nuts_reference(sg[0])
     transforms = _transforms_from(runs, transforms)
     gaussian_ref = isinstance(reference, (tuple, list)) and len(reference) == 2
     if names is None:

@@ -93,3 +93,21 @@ def test_compare_mcmc_runs_against_draws(run):
     assert row.ess_per_s == pytest.approx(row.min_ess_bulk / 2.0)
     u = draws_of(run, ["mu", "sigma"], run.sampler.potential.transforms, unconstrained=True)
     np.testing.assert_allclose(u[..., 1], np.log(ref["sigma"]), rtol=1e-10)
+
+
+def test_nuts_reference_is_the_full_data_posterior(run):
+    """compare(runs, "nuts") runs NUTS on the SG run's own model with all N indices. Its μ draws
+    match the normal model's posterior: mean within 0.3 posterior sd of ȳ (posterior sd
+    s/√N ≈ 0.029; NUTS's Monte Carlo error with 2 × 300 draws is about 0.05 sd, the N(0, 10)
+    prior moves the mean by < 0.001 sd) and sd within 20 % (Monte Carlo error about 3 %). A
+    minibatch posterior (S = 20) would have an sd √(N/S) ≈ 3.9 times larger."""
+    from numpyro_sgd.diagnostics import nuts_reference
+
+    nuts = nuts_reference(run, num_warmup=300, num_samples=300)
+    mu = np.asarray(nuts.get_samples()["mu"])
+    sd = float(np.std(np.asarray(Y))) / np.sqrt(N)
+    assert abs(mu.mean() - float(np.mean(np.asarray(Y)))) < 0.3 * sd
+    assert abs(mu.std() / sd - 1) < 0.2
+    assert nuts.num_chains == 2
+    with pytest.raises(ValueError, match="only named reference is 'nuts'"):
+        compare({"sgld": run}, "laplace")
