@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax.numpy as jnp
+import numpy as np
 from jax import random
 
 from .base import SGAlgorithm, SGKernel, StepInfo, is_positive_scalar, pick_chain
@@ -62,6 +63,12 @@ def constant_sgd_step(theta, velocity, grad, preconditioner, momentum):
     """
     velocity = (1.0 - momentum) * velocity - apply_preconditioner(preconditioner, grad)
     return theta + velocity, velocity
+
+
+def _describe(state):
+    """Progress-bar text: the frozen ε, or that warmup is still estimating it."""
+    eps = float(state.step_size)
+    return f"ε {eps:.3g}" if np.isfinite(eps) else "warmup: estimating ε"
 
 
 def constant_sgd(potential, preconditioner="auto", *, step_size=None, momentum=1.0, discrete_time_correction=True,
@@ -129,7 +136,7 @@ def constant_sgd(potential, preconditioner="auto", *, step_size=None, momentum=1
     # autocorrelation time (1 + ρ)/(1 − ρ) is ≈ N/S steps (a user ε sets its own time scale)
     return SGAlgorithm(init, warmup_step, sample_step, end_warmup,
                        relaxation_steps=potential.steps_per_pass if step_size is None else None,
-                       describe=lambda state: f"ε {float(state.step_size):.3g}")
+                       describe=_describe)
 
 
 class ConstantSGD(SGKernel):

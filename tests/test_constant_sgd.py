@@ -291,3 +291,11 @@ def test_warmup_with_sparse_refreshes_estimates_the_noise(wide_linreg):
     np.testing.assert_allclose(np.diag(np.asarray(ks.noise_cov)), np.diag(problem.noise_cov()), rtol=0.1)
     pred = lyapunov_covariance(np.asarray(ks.preconditioner), problem.hessian, problem.noise_cov(), discrete=True)
     np.testing.assert_allclose(np.diag(pred), np.diag(problem.post_cov), rtol=0.15)
+
+
+def test_progress_text_during_warmup_says_so(small_linreg):
+    """Before warmup ends ε is not estimated yet: the progress bar says so instead of 'ε nan'."""
+    k = ConstantSGD(small_linreg.model)
+    state = k.init(jax.random.key(0), 5, None, small_linreg.args, {})
+    text = k.get_diagnostics_str(state)
+    assert "warmup: estimating ε" in text and "nan" not in text
