@@ -27,8 +27,9 @@ algorithm (``_build``).
 the initial potential); every SG step then does ``key, k_step = split(key)`` and passes
 ``k_step`` to the algorithm's step.
 
-**The lean step.** A rejected step (non-finite potential, position, constrained position or
-changed state) keeps the old position and state and is counted. Only what the step changed is
+**The lean step.** A rejected step (non-finite potential or position, a constrained position
+outside the open support, e.g. σ = exp(log σ) rounded to 0.0, or a non-finite changed state)
+keeps the old position and state and is counted. Only what the step changed is
 checked and selected: a state leaf the step returns unchanged (the same traced value, e.g. a
 frozen preconditioner or the warmup state during sampling) is read, never re-checked or copied.
 """
@@ -602,7 +603,7 @@ class SGKernel(MCMCKernel):
         key, k_step = random.split(state.rng_key)
         oracle = self._oracle(state._replace(i=step), model_args, model_kwargs, method, num_warmup_steps)
         new_theta, ks, info = step_fn(k_step, step, theta, state.kernel_state, oracle)
-        ok = (jnp.isfinite(info.potential_energy) & _finite(new_theta) & potential.constrained_is_finite(new_theta)
+        ok = (jnp.isfinite(info.potential_energy) & _finite(new_theta) & potential.constrained_in_support(new_theta)
               & _changed_finite(ks, state.kernel_state))
         state = _count_grad_evals(state, info.num_grad_evals)._replace(
             i=state.i + 1,

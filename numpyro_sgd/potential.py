@@ -415,18 +415,17 @@ class SubsampledPotential:
         return np.asarray(jax.hessian(self.full_potential)(theta, model_args, model_kwargs, params))
 
     # ------------------------------------------------------------------ constraining
-    def constrained_is_finite(self, theta):
-        """Whether θ maps to finite constrained values (e.g. exp(log σ) does not overflow).
+    def constrained_in_support(self, theta):
+        """Whether θ maps to constrained values inside the open support: finite (exp(log σ) does
+        not overflow) and off its boundary (exp(log σ) does not underflow to σ = 0.0; a sigmoid
+        does not round to 0 or 1), so that no returned draw sits where the density is 0 or ∞.
 
-        Uses the support transforms found at init (cheap, no model evaluation); a support that
-        depends on other latents is checked with its transform at the initial point.
+        Uses the support transforms found at init (cheap, O(D), no model evaluation); a support
+        that depends on other latents is checked with its transform at the initial point.
         """
         z = self.view.unravel(theta)
-        checks = [
-            jnp.all(jnp.isfinite(t(z[k])))
-            for k, t in self.transforms.items()
-            if not isinstance(t, IdentityTransform)  # θ itself is checked by the caller
-        ]
+        checks = [_in_open_support(t, z[k]) for k, t in self.transforms.items()
+                  if not isinstance(t, IdentityTransform)]  # θ itself is checked by the caller
         return jnp.all(jnp.stack(checks)) if checks else jnp.array(True)
 
     def constrain(self, theta, model_args=(), model_kwargs=None, params=None):
@@ -458,6 +457,19 @@ def _split_arrays(model_args, model_kwargs):
 
     key = (treedef, tuple(id(leaf) if a else leaf for leaf, a in zip(leaves, is_array)))
     return [leaf for leaf, a in zip(leaves, is_array) if a], rebuild, key
+
+
+def _in_open_support(transform, u):
+    """All of ``transform(u)`` finite, in the codomain, and strictly inside its bounds."""
+    v = transform(u)
+    support = transform.codomain
+    ok = jnp.all(jnp.isfinite(v)) & jnp.all(support.check(v))
+    lower, upper = getattr(support, "lower_bound", None), getattr(support, "upper_bound", None)
+    if lower is not None:
+        ok = ok & jnp.all(v > lower)
+    if upper is not None:
+        ok = ok & jnp.all(v < upper)
+    return ok
 
 
 def _discover(model, model_args, model_kwargs, rng_key, init_strategy, kernel_name, promote=None):

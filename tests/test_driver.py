@@ -152,3 +152,36 @@ def test_a_step_that_touches_all_n_rows_warns():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ConstantSGD(model).init(jax.random.key(0), 10, None, (x, y, 100), {})
+
+
+def scale_model(y):
+    mu = numpyro.sample("mu", dist.Normal(0, 10))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(2.0))
+    with numpyro.plate("data", y.shape[0], subsample_size=20) as idx:
+        numpyro.sample("obs", dist.Normal(mu, sigma), obs=y[idx])
+
+
+def test_a_step_onto_the_support_boundary_is_rejected():
+    """exp(log σ) underflowing to σ = 0.0 is a point where the density is not defined: the step
+    that lands there is rejected and counted like a non-finite one (before: SGLD at ε = 0.01 on
+    this model returned σ = 0.0 exactly in 199 of 200 draws). The check itself: σ = 0.0 and
+    σ = ∞ are outside the open support."""
+    y = jnp.asarray(np.random.default_rng(0).normal(1.0, 0.5, 300))
+    mcmc = MCMC(SGLD(scale_model, step_size=1e-2), num_warmup=0, num_samples=200, progress_bar=False)
+    mcmc.run(jax.random.key(1), y)
+    assert np.all(np.asarray(mcmc.get_samples()["sigma"]) > 0)
+    assert int(mcmc.last_state.num_divergences) > 0
+    potential = mcmc.sampler.potential
+
+    def at(log_sigma):  # the flat unconstrained θ with log σ given
+        return potential.view.ravel({"mu": jnp.asarray(0.0), "sigma": jnp.asarray(log_sigma)})
+
+    assert bool(potential.constrained_in_support(at(0.0)))
+    assert not bool(potential.constrained_in_support(at(-800.0)))  # σ = 0.0
+    assert not bool(potential.constrained_in_support(at(800.0)))  # σ = inf
+    from numpyro.distributions import biject_to, constraints
+
+    from numpyro_sgd.potential import _in_open_support
+
+    # NumPyro's sigmoid clips strictly inside (0, 1), so a logit of 40 stays in the support
+    assert bool(_in_open_support(biject_to(constraints.unit_interval), jnp.asarray(40.0, jnp.float32)))
