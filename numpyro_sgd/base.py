@@ -200,6 +200,19 @@ RELAXATION_WARN_FACTOR = 10
 FULL_DATA_CHECK_MIN_N = 10_000
 
 
+def _all_finite(array, rows=1_000_000):
+    """Whether an array argument has no NaN/inf (integer arrays: True), without a full copy."""
+    if not jnp.issubdtype(array.dtype, jnp.inexact):
+        return True
+    if isinstance(array, np.ndarray):
+        flat = array.reshape(array.shape[0], -1) if array.ndim else array.reshape(1, 1)
+        return all(np.isfinite(flat[i:i + rows]).all() for i in range(0, flat.shape[0], rows))
+    return bool(_jit_all_finite(array))
+
+
+_jit_all_finite = jax.jit(lambda a: jnp.all(jnp.isfinite(a)))
+
+
 def _warn_constant_data(name, model_args, model_kwargs):
     """Warn (at trace time) when large data would be compiled into the program as constants.
 
@@ -325,6 +338,7 @@ class SGKernel(MCMCKernel):
         self._diag_time, self._diag_text = -1.0, ""
         self._init_program = None
         self._cost_checked = None  # the model arguments fixed_step_cost was checked for
+        self._data_checked = None  # the model arguments found finite where the likelihood reads them
 
     # ------------------------------------------------------------------ what a kernel provides
     def _build(self, potential):
@@ -405,6 +419,7 @@ class SGKernel(MCMCKernel):
         state["_algorithm"] = None  # rebuilt from the potential on demand (holds closures)
         state["_init_program"] = None
         state["_cost_checked"] = None
+        state["_data_checked"] = None
         return state
 
     def _get_algorithm(self):
@@ -493,6 +508,38 @@ class SGKernel(MCMCKernel):
             UserWarning, stacklevel=find_stack_level(),
         )
 
+    def _check_data(self, state, vectorized, model_args, model_kwargs):
+        """Raise if the likelihood reads non-finite data (checked once per model arguments).
+
+        The array arguments are scanned for NaN/inf (O(data), no copy); only if some are found
+        is the log-likelihood of every observed datum evaluated at the initial point (one pass,
+        in chunks), so that values the model masks or never reads are allowed.
+        """
+        arrays, _, key = _split_arrays(model_args, model_kwargs)
+        if self._data_checked == key:
+            return
+        if all(_all_finite(a) for a in arrays):
+            self._data_checked = key
+            return
+        from .diagnostics import log_likelihood_chunks
+
+        potential = self._potential
+        z = {k: (v[0] if vectorized else v) for k, v in state.z.items()}
+        values = {k: (potential.transforms[k](v) if k in potential.transforms else v)[None] for k, v in z.items()}
+        for plate, idx, chunk in log_likelihood_chunks(self, values, model_args, model_kwargs, 100_000, batch_ndims=1):
+            for site, lp in chunk.items():
+                rows = idx[~np.isfinite(np.asarray(lp[0]))]
+                if rows.size:
+                    shown = ", ".join(str(r) for r in rows[:10]) + (", ..." if rows.size > 10 else "")
+                    raise ValueError(
+                        f"{type(self).__name__}: the data are not finite where the likelihood reads them: "
+                        f"site '{site}' of plate '{plate}' has a non-finite log-likelihood at {rows.size} "
+                        f"row(s) [{shown}] (the model arguments hold NaN or inf). Drop or impute those rows, "
+                        "or mask them (numpyro.handlers.mask(mask=...) around the site, finite filler "
+                        "values); every minibatch holding one would otherwise be a rejected step."
+                    )
+        self._data_checked = key
+
     def _warn_short_blocks(self):
         """Warn when an explicit ``steps_per_sample`` is far below the relaxation time."""
         relax, k = self._algorithm.relaxation_steps, self._steps_per_sample
@@ -551,6 +598,8 @@ class SGKernel(MCMCKernel):
 
         init_chains = jax.vmap(init_one, in_axes=(0, 0, None, None)) if vectorized else init_one
         state = self._compiled_init(init_chains, rng_key, init_params, model_args, model_kwargs, num_warmup_steps)
+        if not _is_tracer((state.z, model_args, model_kwargs)):
+            self._check_data(state, vectorized, model_args, model_kwargs)
         if not _is_tracer(state.potential_energy) and not bool(jnp.all(jnp.isfinite(state.potential_energy))):
             raise ValueError(
                 f"{type(self).__name__}: the potential is not finite at the initial point; check the "

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import random
+from jax.experimental import checkify
 from numpyro import handlers
 from numpyro.distributions import biject_to
 from numpyro.distributions.constraints import real
@@ -251,7 +252,9 @@ class SubsampledPotential:
         view = _FlatView(unconstrained)
         obs = {k: tuple(v) for k, v in observed.items()}
         transforms = {k: biject_to(s["fn"].support) for k, s in latent.items()}
-        return cls(model, plates, view, params, obs, plate_det, kernel_name, transforms, param_constraints)
+        potential = cls(model, plates, view, params, obs, plate_det, kernel_name, transforms, param_constraints)
+        _check_plate_sizes(potential, model_args, model_kwargs)
+        return potential
 
     # ------------------------------------------------------------------ basic facts
     @property
@@ -457,6 +460,35 @@ def _split_arrays(model_args, model_kwargs):
 
     key = (treedef, tuple(id(leaf) if a else leaf for leaf, a in zip(leaves, is_array)))
     return [leaf for leaf, a in zip(leaves, is_array) if a], rebuild, key
+
+
+def _check_plate_sizes(potential, model_args, model_kwargs):
+    """Raise when a subsample plate is larger than the data it indexes: its indices would run
+    past the data, and JAX clamps out-of-range gathers silently (the last row repeated).
+
+    Cheap first: a plate no larger than some dimension of an array argument passes. Otherwise
+    (a larger plate, or data closed over by the model) the minibatch potential is evaluated once
+    at the plate's last index with JAX's index checks (``checkify``), which sees every gather.
+    """
+    arrays = _split_arrays(model_args, model_kwargs)[0]
+    largest = max((d for a in arrays for d in np.shape(a)), default=0)
+    for p in potential.plates:
+        if p.size <= largest:
+            continue
+        idx = {q.name: jnp.full((1,), q.size - 1 if q.name == p.name else 0, jnp.int32) for q in potential.plates}
+        theta = jnp.zeros(potential.dim)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            error, _ = checkify.checkify(potential.potential, errors=checkify.index_checks)(
+                theta, idx, model_args, model_kwargs)
+        message = error.get()
+        if message:
+            raise ValueError(
+                f"{potential.kernel_name}: plate '{p.name}' has size {p.size}, but the data it indexes are shorter "
+                f"({message.strip()}): minibatch indices up to {p.size - 1} would read past the data, which "
+                f"JAX clamps silently. Declare the plate with the data's length, e.g. "
+                f"numpyro.plate('{p.name}', X.shape[0], subsample_size=...)."
+            )
 
 
 def _in_open_support(transform, u):

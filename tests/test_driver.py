@@ -185,3 +185,49 @@ def test_a_step_onto_the_support_boundary_is_rejected():
 
     # NumPyro's sigmoid clips strictly inside (0, 1), so a logit of 40 stays in the support
     assert bool(_in_open_support(biject_to(constraints.unit_interval), jnp.asarray(40.0, jnp.float32)))
+
+
+def test_non_finite_data_are_named_before_sampling():
+    """One NaN row used to make every minibatch holding it a rejected step (detected or not
+    depending on the key). init now names the plate, site and rows; NaN the model masks out
+    (handlers.mask with a finite filler) is allowed."""
+    y = np.asarray(Y).copy()
+    y[[7, 503]] = np.nan
+    with pytest.raises(ValueError, match=r"site 'y' of plate 'data'.*2 row\(s\) \[7, 503\].*handlers.mask"):
+        ConstantSGD(model).init(jax.random.key(0), 10, None, (X, jnp.asarray(y)), {})
+    with pytest.raises(ValueError, match=r"\[7, 503\]"):  # NumPy data, vectorized chains
+        ConstantSGD(model).init(jax.random.split(jax.random.key(0), 2), 10, None, (X, y), {})
+
+    def masked_model(x, y):
+        w = numpyro.sample("w", dist.Normal(0, 1).expand([2]).to_event(1))
+        with numpyro.plate("data", x.shape[0], subsample_size=10) as idx:
+            yi = y[idx]
+            with numpyro.handlers.mask(mask=jnp.isfinite(yi)):
+                numpyro.sample("y", dist.Normal(x[idx] @ w, 1.0), obs=jnp.nan_to_num(yi))
+
+    ConstantSGD(masked_model).init(jax.random.key(0), 10, None, (X, jnp.asarray(y)), {})
+
+
+def test_plate_larger_than_the_data_is_refused():
+    """numpyro.plate("data", 2000, ...) over 1,000 rows ran on JAX's clamped indices (the last
+    row repeated, 9 sd off, no warning); it is refused at init, naming the plate and the fix,
+    whether the data are arguments or closed over by the model."""
+
+    def too_big(x, y):
+        w = numpyro.sample("w", dist.Normal(0, 1).expand([2]).to_event(1))
+        with numpyro.plate("data", 2 * N, subsample_size=50) as idx:
+            numpyro.sample("y", dist.Normal(x[idx] @ w, 1.0), obs=y[idx])
+
+    with pytest.raises(ValueError, match=r"plate .data. has size 2000.*out of bounds.*X.shape\[0\]"):
+        ConstantSGD(too_big).init(jax.random.key(0), 10, None, (X, Y), {})
+
+    def closed_over(size):  # data in the closure, no array argument: JAX's index checks see it
+        def m():
+            w = numpyro.sample("w", dist.Normal(0, 1).expand([2]).to_event(1))
+            with numpyro.plate("data", size, subsample_size=50) as idx:
+                numpyro.sample("y", dist.Normal(X[idx] @ w, 1.0), obs=Y[idx])
+        return m
+
+    with pytest.raises(ValueError, match=r"plate 'data' has size 2000"):
+        ConstantSGD(closed_over(2 * N)).init(jax.random.key(0), 10, None, (), {})
+    ConstantSGD(closed_over(N)).init(jax.random.key(0), 10, None, (), {})
