@@ -626,7 +626,14 @@ class MinibatchOracle:
 
 
 def _subset_without_replacement(rng_key, size, subsample_size):
-    """A uniformly random ``subsample_size``-subset of ``range(size)`` in O(S log S)."""
+    """A uniformly random ``subsample_size``-subset of ``range(size)`` (sorted) in O(S log S).
+
+    Duplicates of S i.i.d. draws are redrawn until there are none (about S²/(2N) redraws). For
+    S > N/8 the redraw rounds grow (about N/(N − S) of them as S nears N), so the first S of a
+    uniformly random permutation (``jax.random.permutation``, O(N log N) = O(S log N)) are taken.
+    """
+    if 8 * subsample_size > size:
+        return jnp.sort(random.permutation(rng_key, size)[:subsample_size]).astype(jnp.int32)
     key, sub = random.split(rng_key)
     idx = jnp.sort(random.randint(sub, (subsample_size,), 0, size))
 
