@@ -568,6 +568,12 @@ class SGKernel(MCMCKernel):
             self._warn_full_data_steps(model_args, model_kwargs)
         self._warmup_steps_per_iteration = self._warmup_steps(num_warmup)
         num_warmup_steps = num_warmup * self._warmup_steps_per_iteration
+        if not _is_tracer(num_warmup_steps) and num_warmup_steps >= 2**31:
+            raise ValueError(
+                f"{type(self).__name__}: num_warmup × SG steps per warmup iteration = {num_warmup_steps:,} warmup "
+                "steps, beyond the int32 step counter (2³¹ − 1); lower num_warmup, steps_per_sample or "
+                "warmup_passes."
+            )
         if init_params is not None:
             if hasattr(init_params, "z"):  # numpyro ParamInfo
                 init_params = init_params.z

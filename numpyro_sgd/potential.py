@@ -69,8 +69,9 @@ class _SetPlateIndices(Messenger):
         self.indices = indices
         self.promote = {} if promote is None else promote
         self.found = {}
-        #: {name: size} of the plates that do not subsample (discovery mode)
-        self.full_plates = {}
+        #: {name: size} of the plates that do not subsample (discovery mode), and those of them
+        #: that declare subsample_size = size
+        self.full_plates, self.declared_full = {}, []
         super().__init__(fn)
 
     def process_message(self, msg):
@@ -84,6 +85,8 @@ class _SetPlateIndices(Messenger):
                 msg["args"] = (size, subsample_size)
             if subsample_size is None or subsample_size == size:
                 self.full_plates[name] = int(size)
+                if subsample_size is not None:
+                    self.declared_full.append(name)
                 return
             if not 1 <= subsample_size <= size:
                 raise ValueError(
@@ -197,6 +200,14 @@ class SubsampledPotential:
                     "can be substituted."
                 ) from e
         plates = _override_subsample_sizes(tuple(finder.found.values()), subsample_size, kernel_name)
+        if not plates and finder.declared_full:
+            name = finder.declared_full[0]
+            raise ValueError(
+                f"{kernel_name}: plate '{name}' declares subsample_size equal to its size "
+                f"N = {finder.full_plates[name]}, so every step would be a full-data gradient with no minibatch "
+                "noise to estimate. Use NUTS for full-batch sampling, or a subsample_size below N (in the plate "
+                "or as the kernel's subsample_size=S)."
+            )
         if not plates:
             raise ValueError(
                 f"{kernel_name}: the model has no subsample plate; wrap the likelihood in "

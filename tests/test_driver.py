@@ -231,3 +231,17 @@ def test_plate_larger_than_the_data_is_refused():
     with pytest.raises(ValueError, match=r"plate 'data' has size 2000"):
         ConstantSGD(closed_over(2 * N)).init(jax.random.key(0), 10, None, (), {})
     ConstantSGD(closed_over(N)).init(jax.random.key(0), 10, None, (), {})
+
+
+def test_subsample_size_equal_to_n_is_named():
+    """subsample_size = N used to give "the model has no subsample plate", which is false."""
+    with pytest.raises(ValueError, match=r"plate 'data' declares subsample_size equal to its size N = 1000.*NUTS"):
+        ConstantSGD(model).init(jax.random.key(0), 10, None, (X, Y, N), {})
+    kernel = ConstantSGD(model, subsample_size=100)  # the kernel's S still subsamples it
+    kernel.init(jax.random.key(0), 10, None, (X, Y, N), {})
+    assert kernel.potential.plates[0].subsample_size == 100
+
+
+def test_warmup_beyond_the_int32_step_counter_is_refused():
+    with pytest.raises(ValueError, match=r"2,200,000,000 warmup steps, beyond the int32 step counter"):
+        ConstantSGD(model, steps_per_sample=1_100_000).init(jax.random.key(0), 2_000, None, (X, Y), {})
