@@ -39,6 +39,8 @@ from .index_chain import (
     index_chain,
     select_minibatch,
 )
+from .noise import TARGET_INFLATION, check_target_inflation, sghmc_steps, sgld_step_size
+from .warmup import pop_warmup_options, with_default_steps
 
 __all__ = [
     "EWSG",
@@ -160,15 +162,53 @@ def check_step_size(name, step_size):
         raise ValueError(f"{name}: step_size must be a positive float, got {step_size!r}.")
 
 
+# ---------------------------------------------------------------------------- default steps
+def with_default_overdamped_step(algorithm, potential, name, step_size, target_inflation, subsample, warmup_options):
+    """SGLD's and overdamped EWSG's algorithm with, when ``step_size`` is None, the noise warmup and
+    ε = :func:`~numpyro_sgd.noise.sgld_step_size` set at its end (T = ``state.temperature``, 1 if
+    the state has none); the algorithm itself when a step size is given."""
+    if step_size is not None:
+        return algorithm
+
+    def set_steps(state, noise, curvature):  # ε = 4τ / λ_max(Q/T + (1 + τ) A)
+        eps = sgld_step_size(noise, curvature, target_inflation, getattr(state, "temperature", 1.0))
+        return state._replace(step_size=eps.astype(state.step_size.dtype))
+
+    return with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample)
+
+
+def with_default_underdamped_steps(algorithm, potential, name, step_size, friction, target_inflation, subsample,
+                                   warmup_options):
+    """SGHMC's and EWSG's algorithm with, when ``step_size`` or ``friction`` is None, the noise
+    warmup and the missing ones set at its end by :func:`~numpyro_sgd.noise.sghmc_steps`
+    (γ = 2 √λ_max(A), h = 2τγ / λ_max(Q + 2A)); the algorithm itself when both are given."""
+    if step_size is not None and friction is not None:
+        return algorithm
+
+    def set_steps(state, noise, curvature):
+        h, gamma = sghmc_steps(noise, curvature, target_inflation, friction)
+        h = h if step_size is None else state.step_size
+        dtype = state.step_size.dtype
+        return state._replace(step_size=h.astype(dtype), friction=gamma.astype(dtype))
+
+    return with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample)
+
+
 class _IndexChainKernel(SGKernel):
     """What the three EWSG kernels share: validation of h, M, x (and γ for the underdamped ones);
-    ``_build`` calls the kernel's ``_builder`` with the validated options."""
+    ``_build`` calls the kernel's ``_builder`` with the validated options. With
+    ``default_steps=True`` (EWSG, OverdampedEWSG) a step size or friction of None is set by the
+    noise warmup, and ``target_inflation`` and the warmup options are validated and passed on."""
 
-    def __init__(self, model, step_size, num_index_steps, *, underdamped, friction=None, x_estimate="zero", **kwargs):
-        super().__init__(model, **kwargs)
+    def __init__(self, model, step_size, num_index_steps, *, underdamped, friction=None, x_estimate="zero",
+                 default_steps=False, target_inflation=TARGET_INFLATION, **kwargs):
         name = type(self).__name__
+        estimated = default_steps and (step_size is None or (underdamped and friction is None))
+        warmup_options = pop_warmup_options(name, kwargs, estimated)
+        super().__init__(model, **kwargs)
         allowed_x = tuple(X_ESTIMATES) if underdamped else ("zero",)
-        check_step_size(name, step_size)
+        if step_size is not None or not default_steps:
+            check_step_size(name, step_size)
         if (isinstance(num_index_steps, bool) or not isinstance(num_index_steps, (int, np.integer))
                 or num_index_steps < 0):
             raise ValueError(
@@ -182,10 +222,15 @@ class _IndexChainKernel(SGKernel):
                 f"{name}: warmup_subsample='shuffle' gives every proposal of the index chain the same minibatch "
                 "(the shuffled minibatch depends only on the step); use 'with_replacement' or 'without_replacement'."
             )
-        self._options = dict(step_size=float(step_size), num_index_steps=int(num_index_steps))
+        self._options = dict(step_size=None if step_size is None else float(step_size),
+                             num_index_steps=int(num_index_steps))
         if underdamped:
-            check_friction(name, friction)
-            self._options.update(friction=float(friction), x_estimate=x_estimate)
+            if friction is not None or not default_steps:
+                check_friction(name, friction)
+            self._options.update(friction=None if friction is None else float(friction), x_estimate=x_estimate)
+        if default_steps:
+            self._options.update(target_inflation=check_target_inflation(name, target_inflation), name=name,
+                                 subsample=self._subsample, **warmup_options)
 
     @property
     def num_index_steps(self):
@@ -210,20 +255,30 @@ class EWSGState(NamedTuple):
     num_index_accepted: jnp.ndarray
     #: proposed moves of the index chain so far, M per step (warmup included), int32
     num_index_proposed: jnp.ndarray
+    #: noise-warmup state with a default step size or friction; empty when both are given
+    warmup: tuple = ()
 
 
-def ewsg(potential, step_size, friction, num_index_steps=1, x_estimate="momentum"):
+def _or_nan(value):
+    return jnp.nan if value is None else value
+
+
+def ewsg(potential, step_size=None, friction=None, num_index_steps=1, x_estimate="momentum", *,
+         target_inflation=TARGET_INFLATION, subsample="with_replacement", name="EWSG", **warmup_options):
     """The EWSG algorithm (:class:`EWSG`) for a traced model.
 
     :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential`.
-    :return: :class:`~numpyro_sgd.base.SGAlgorithm` (no adaptation: warmup is burn-in).
+    :param step_size: h, or None (set with SGHMC's rule at the end of the noise warmup).
+    :param friction: γ, or None (likewise).
+    :return: :class:`~numpyro_sgd.base.SGAlgorithm` (h and γ given: no adaptation, warmup is burn-in).
     """
     m = num_index_steps
 
     def init(rng_key, theta, num_warmup_steps):
         momentum = random.normal(rng_key, theta.shape, theta.dtype)  # as SGHMC
         zero = jnp.zeros((), jnp.int32)
-        return EWSGState(momentum, jnp.asarray(step_size, theta.dtype), jnp.asarray(friction, theta.dtype), zero, zero)
+        return EWSGState(momentum, jnp.asarray(_or_nan(step_size), theta.dtype),
+                         jnp.asarray(_or_nan(friction), theta.dtype), zero, zero)
 
     def step(rng_key, i, theta, state, oracle):
         theta, momentum, (pe, _, indices), accepted = ewsg_update(
@@ -232,7 +287,8 @@ def ewsg(potential, step_size, friction, num_index_steps=1, x_estimate="momentum
         state = count_index_moves(state._replace(momentum=momentum), accepted, m)
         return theta, state, StepInfo(pe, (m + 1) * oracle.batch_size, indices)
 
-    return SGAlgorithm(init, step, step, describe=describe_index_chain)
+    return with_default_underdamped_steps(SGAlgorithm(init, step, step, describe=describe_index_chain), potential,
+                                          name, step_size, friction, target_inflation, subsample, warmup_options)
 
 
 class EWSG(_IndexChainKernel):
@@ -289,13 +345,22 @@ class EWSG(_IndexChainKernel):
        here the chain carries the minibatch potential and gradient of the current minibatch, so
        no gradient is computed twice, and each of the M proposals costs one minibatch gradient.
 
+    **Default step size and friction** (``step_size=None``, ``friction=None``): SGHMC's rule (see
+    :class:`~numpyro_sgd.SGHMC`), γ = 2 √λ_max(A), h = 2τγ / λ_max(Q + 2A), from the noise warmup
+    of :class:`~numpyro_sgd.ConstantSGD` (which then replaces burn-in; its SG steps cost S
+    gradients, not (M + 1) S). The rule bounds the variance inflation of *uniform* minibatches;
+    the index chain (M ≥ 1) lowers the minibatch noise, so for EWSG it is conservative. Either
+    may be given alone; the other is then estimated (given both: no noise warmup).
+
     :param model: NumPyro model with a subsample plate.
-    :param float step_size: h > 0.
-    :param float friction: γ > 0.
+    :param float step_size: h > 0, or None (default: see above).
+    :param float friction: γ > 0, or None (default: see above).
     :param int num_index_steps: M ≥ 0 (default 1).
     :param str x_estimate: ``"momentum"`` (default), ``"zero"``, ``"one"`` or ``"stop"``.
+    :param float target_inflation: τ ∈ (0, 1) of the default step size (default 0.1).
     :param kwargs: see :class:`~numpyro_sgd.base.SGKernel` (``steps_per_sample``, ``subsample``,
-        ``warmup_subsample``, ``init_strategy``).
+        ``warmup_subsample``, ``init_strategy``) and, with a default step or friction, the warmup
+        options of :class:`~numpyro_sgd.ConstantSGD`.
 
     .. doctest::
 
@@ -317,9 +382,10 @@ class EWSG(_IndexChainKernel):
         True
     """
 
-    def __init__(self, model, step_size, friction, num_index_steps=1, *, x_estimate="momentum", **kwargs):
+    def __init__(self, model, step_size=None, friction=None, num_index_steps=1, *, x_estimate="momentum",
+                 target_inflation=TARGET_INFLATION, **kwargs):
         super().__init__(model, step_size, num_index_steps, underdamped=True, friction=friction, x_estimate=x_estimate,
-                         **kwargs)
+                         default_steps=True, target_inflation=target_inflation, **kwargs)
 
     #: the algorithm builder, called with the validated options
     _builder = staticmethod(ewsg)
@@ -335,19 +401,23 @@ class OverdampedEWSGState(NamedTuple):
     num_index_accepted: jnp.ndarray
     #: proposed moves of the index chain so far, M per step (warmup included), int32
     num_index_proposed: jnp.ndarray
+    #: noise-warmup state with the default step size; empty with a given step size
+    warmup: tuple = ()
 
 
-def overdamped_ewsg(potential, step_size, num_index_steps=1):
+def overdamped_ewsg(potential, step_size=None, num_index_steps=1, *, target_inflation=TARGET_INFLATION,
+                    subsample="with_replacement", name="OverdampedEWSG", **warmup_options):
     """The overdamped EWSG algorithm (:class:`OverdampedEWSG`) for a traced model.
 
     :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential`.
-    :return: :class:`~numpyro_sgd.base.SGAlgorithm` (no adaptation: warmup is burn-in).
+    :param step_size: ε, or None (set with SGLD's rule at the end of the noise warmup).
+    :return: :class:`~numpyro_sgd.base.SGAlgorithm` (a given ε: no adaptation, warmup is burn-in).
     """
     m = num_index_steps
 
     def init(rng_key, theta, num_warmup_steps):
         zero = jnp.zeros((), jnp.int32)
-        return OverdampedEWSGState(jnp.asarray(step_size, theta.dtype), zero, zero)
+        return OverdampedEWSGState(jnp.asarray(_or_nan(step_size), theta.dtype), zero, zero)
 
     def step(rng_key, i, theta, state, oracle):
         theta, (pe, _, indices), accepted = overdamped_ewsg_update(
@@ -355,7 +425,8 @@ def overdamped_ewsg(potential, step_size, num_index_steps=1):
             jnp.ones((), jnp.result_type(theta)))
         return theta, count_index_moves(state, accepted, m), StepInfo(pe, (m + 1) * oracle.batch_size, indices)
 
-    return SGAlgorithm(init, step, step, describe=describe_index_chain)
+    return with_default_overdamped_step(SGAlgorithm(init, step, step, describe=describe_index_chain), potential, name,
+                                        step_size, target_inflation, subsample, warmup_options)
 
 
 class OverdampedEWSG(_IndexChainKernel):
@@ -382,14 +453,21 @@ class OverdampedEWSG(_IndexChainKernel):
 
     Acceptance counts and data passes are reported as for :class:`EWSG`.
 
+    **Default step size** (``step_size=None``): SGLD's rule (see :class:`~numpyro_sgd.SGLD`),
+    ε = 4τ / λ_max(Q + (1 + τ) A), from the noise warmup of :class:`~numpyro_sgd.ConstantSGD`;
+    conservative for M ≥ 1 (the index chain lowers the minibatch noise).
+
     :param model: NumPyro model with a subsample plate.
-    :param float step_size: ε > 0.
+    :param float step_size: ε > 0, or None (default: see above).
     :param int num_index_steps: M ≥ 0 (default 1).
-    :param kwargs: see :class:`~numpyro_sgd.base.SGKernel`.
+    :param float target_inflation: τ ∈ (0, 1) of the default step size (default 0.1).
+    :param kwargs: see :class:`~numpyro_sgd.base.SGKernel` and, with the default step size, the
+        warmup options of :class:`~numpyro_sgd.ConstantSGD`.
     """
 
-    def __init__(self, model, step_size, num_index_steps=1, **kwargs):
-        super().__init__(model, step_size, num_index_steps, underdamped=False, **kwargs)
+    def __init__(self, model, step_size=None, num_index_steps=1, *, target_inflation=TARGET_INFLATION, **kwargs):
+        super().__init__(model, step_size, num_index_steps, underdamped=False, default_steps=True,
+                         target_inflation=target_inflation, **kwargs)
 
     #: the algorithm builder, called with the validated options
     _builder = staticmethod(overdamped_ewsg)

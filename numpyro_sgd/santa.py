@@ -27,7 +27,9 @@ from jax import random
 from jax.flatten_util import ravel_pytree
 
 from .base import SGAlgorithm, SGKernel, StepInfo, is_positive_scalar, renamed_keyword
+from .noise import TARGET_INFLATION, check_target_inflation, santa_step_size
 from .schedules import polynomial_annealing
+from .warmup import pop_warmup_options, with_default_steps
 
 __all__ = ["Santa", "SantaKernelState", "SantaState", "santa", "santa_algorithm", "santa_init", "santa_step",
            "polynomial_annealing", "map_estimate"]
@@ -190,10 +192,13 @@ class SantaKernelState(NamedTuple):
     burnin: jnp.ndarray
     #: β_t of the last step
     beta: jnp.ndarray
+    #: noise-warmup state with the default step size; empty with a given step size
+    warmup: tuple = ()
 
 
-def santa_algorithm(potential, step_size, anneal=False, *, schedule=None, burnin=None, decay=0.999, damping=1e-8,
-                    scheme="euler", thermostat_init=None):
+def santa_algorithm(potential, step_size=None, anneal=False, *, schedule=None, burnin=None, decay=0.999, damping=1e-8,
+                    scheme="euler", thermostat_init=None, target_inflation=TARGET_INFLATION,
+                    subsample="with_replacement", name="Santa", **warmup_options):
     """The Santa sampler / annealer (:class:`Santa`) for a traced model.
 
     One SG step (warmup and sampling alike: warmup is burn-in), with t the Santa step count:
@@ -205,7 +210,8 @@ def santa_algorithm(potential, step_size, anneal=False, *, schedule=None, burnin
       (exp(−Nβ L) = exp(−β U), per-datum units) with the noise key ``k_noise``.
 
     :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential` (plates, N, S, D).
-    :param float step_size: η > 0 (per-datum units).
+    :param float step_size: η > 0 (per-datum units), or None (β = 1 only): the noise warmup
+        replaces burn-in and its end sets η, v, α and u (see :class:`Santa`).
     :param bool anneal: anneal β_t by ``schedule``, then refine (default False: β = 1).
     :param schedule: callable t ↦ β_t (default :func:`polynomial_annealing` (0.5)).
     :param int burnin: SG steps of exploration (default: the warmup SG steps).
@@ -218,9 +224,10 @@ def santa_algorithm(potential, step_size, anneal=False, *, schedule=None, burnin
         return schedule(t) if anneal else jnp.ones((), jnp.float32)
 
     def init(rng_key, theta, num_warmup_steps):
+        eta = jnp.nan if step_size is None else step_size
         return SantaKernelState(
-            santa=santa_init(rng_key, theta, step_size, thermostat_init),
-            step_size=jnp.asarray(step_size, theta.dtype),
+            santa=santa_init(rng_key, theta, eta, thermostat_init),
+            step_size=jnp.asarray(eta, theta.dtype),
             burnin=jnp.asarray(num_warmup_steps if burnin is None else burnin, jnp.int32),
             beta=jnp.ones((), theta.dtype),
         )
@@ -240,8 +247,26 @@ def santa_algorithm(potential, step_size, anneal=False, *, schedule=None, burnin
         phase = "explore" if (not anneal or int(state.santa.count) <= int(state.burnin)) else "refine"
         return f"{phase}, β {float(state.beta):.3g}"
 
-    # no adaptation: warmup is burn-in with the sampling dynamics (the same function, no phase switch)
-    return SGAlgorithm(init, step, step, describe=describe)
+    # a given step: no adaptation, warmup is burn-in with the sampling dynamics (the same function, no phase switch)
+    algorithm = SGAlgorithm(init, step, step, describe=describe)
+    if step_size is not None:
+        return algorithm
+
+    def set_steps(state, noise, curvature):
+        # the state as after one step at equilibrium near the mode: v = Q_kk/N², g₀ = g(v),
+        # u = √(η/(Nβ)) ζ (β = 1, per-datum units), α at its fluctuation–dissipation value (or √η C)
+        eta, second, alpha = santa_step_size(noise, curvature, n, target_inflation, damping)
+        dt = state.step_size.dtype
+        if thermostat_init is not None:
+            alpha = jnp.sqrt(eta) * thermostat_init
+        s = state.santa
+        santa_state = s._replace(second_moment=second.astype(dt), momentum=jnp.sqrt(eta / n) * s.momentum,
+                                 thermostat=jnp.broadcast_to(alpha, s.thermostat.shape).astype(dt),
+                                 prev_precond=(1.0 / jnp.sqrt(damping + jnp.sqrt(second))).astype(dt),
+                                 count=jnp.ones_like(s.count))
+        return state._replace(santa=santa_state, step_size=eta.astype(dt))
+
+    return with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample)
 
 
 class Santa(SGKernel):
@@ -278,9 +303,29 @@ class Santa(SGKernel):
     α₀ > 2 made the Euler update diverge on MNIST's always-blank pixels); v₁ = (f̃₁/N)² and
     g₀ = g₁ (see :func:`santa_step`).
 
-    **Step size for sampling.** Like SGHMC, the exploration dynamics is accurate when
-    ω h ≲ 0.2 with h = √η and ω² the largest eigenvalue of G A_L N (G = diag(g), A_L = A_U/N):
-    η ≈ (0.2/ω)². It is slow to burn in at such a step: warm-start it at a mode
+    **Default step size** (``step_size=None``, β = 1 only). Warmup (``num_warmup ×
+    steps_per_sample`` SG steps) is the noise warmup of :class:`~numpyro_sgd.ConstantSGD`
+    (:mod:`numpyro_sgd.warmup`: Adam towards the mode, then preconditioned SGD while the minibatch
+    gradient-noise covariance Q is averaged). At its end η is set by
+    :func:`~numpyro_sgd.noise.santa_step_size` with τ = ``target_inflation``: h = √η is the
+    smallest of 2Nτ/‖offdiag(G^½ Q G^½)‖₂ (the minibatch noise no per-coordinate thermostat
+    balances, as a share of the injected noise), the h with α_k ≤ 2τ, and 1/ω (stability;
+    ω² = λ_max(G A_U G)/N, G = diag(g) with g_k = (Q_kk/N²)^(−1/4) near the mode). The Santa state
+    is set as at equilibrium near the mode: v = Q_kk/N², g₀ = g(v), u = √(η/N) ζ and the
+    thermostat at its fluctuation–dissipation value α_k = g_k h + h² g_k² Q_kk/(2N) (or √η C with
+    ``thermostat_init``); the step count starts at 1. The chosen η is ``kernel_state.step_size``.
+
+    .. note:: The rule used before (``examples/quickstart.py`` and this docstring: η = (0.2/ω)²
+       with ω² the top eigenvalue of G A_U G) is wrong twice: the top frequency in per-datum units
+       is λ_max(G A_U G)/N (the quickstart's η was N× too small), and ωh is not what limits the
+       accuracy. For the symplectic Euler step of Alg. 6 the stationary variance is exact in ωh
+       at the thermostat's equilibrium; the error comes from the thermostat (a start away from
+       its equilibrium is not corrected in per-datum units: measured sds 1.2–1.5× too wide after
+       2·10⁴ steps from Santa's own α₀) and from correlated minibatch noise (sds 9–14 % too small
+       at α_k ≤ 2τ alone on a correlated regression). The rule is derived for ``scheme="euler"``
+       and applied as is to ``"splitting"``.
+
+    With a given step size, Santa is slow to burn in: warm-start it at a mode
     (:func:`map_estimate` or an annealed Santa run).
 
     ``anneal=False`` samples exp(−U) (the posterior) with the exploration dynamics throughout
@@ -291,18 +336,28 @@ class Santa(SGKernel):
     the sampling phase converge to a mode (MAP); use the last sample.
 
     :param model: NumPyro model with a subsample plate.
-    :param float step_size: η > 0 (per-datum units).
-    :param bool anneal: see above (default False: a sampler).
+    :param float step_size: η > 0 (per-datum units), or None (default; β = 1 only, see above).
+    :param bool anneal: see above (default False: a sampler); True needs a ``step_size``.
     :param schedule: callable t ↦ β_t (t ≥ 1), positive and non-decreasing (checked).
     :param int burnin: SG steps of exploration for ``anneal=True`` (default: the warmup steps).
-    :param kwargs: see :class:`~numpyro_sgd.base.SGKernel`.
+    :param float target_inflation: τ ∈ (0, 1) of the default step size (default 0.1): the
+        tolerated relative error of the stationary variance.
+    :param kwargs: see :class:`~numpyro_sgd.base.SGKernel` and, with the default step size, the
+        warmup options of :class:`~numpyro_sgd.ConstantSGD`.
     """
 
-    def __init__(self, model, step_size, anneal=False, *, schedule=None, burnin=None, decay=0.999, damping=1e-8,
-                 scheme="euler", thermostat_init=None, sigma=None, **kwargs):
+    def __init__(self, model, step_size=None, anneal=False, *, schedule=None, burnin=None, decay=0.999, damping=1e-8,
+                 scheme="euler", thermostat_init=None, target_inflation=TARGET_INFLATION, sigma=None, **kwargs):
+        warmup_options = pop_warmup_options("Santa", kwargs, step_size is None)
         super().__init__(model, **kwargs)
-        if not is_positive_scalar(step_size):
-            raise ValueError(f"Santa: step_size (η) must be a positive float, got {step_size!r}.")
+        if step_size is None and anneal:
+            raise ValueError(
+                "Santa: anneal=True needs a step_size (η): the default step size bounds the sampling error at "
+                "β = 1 (target_inflation), which has no meaning for an annealed optimizer; pass e.g. step_size=1e-5."
+            )
+        if step_size is not None and not is_positive_scalar(step_size):
+            raise ValueError(f"Santa: step_size (η) must be a positive float or None (set in warmup), "
+                             f"got {step_size!r}.")
         decay = renamed_keyword("Santa", "decay", decay, 0.999, "sigma", sigma)
         _check_hyper("Santa", decay, damping, scheme)
         if schedule is not None:
@@ -311,12 +366,13 @@ class Santa(SGKernel):
             raise ValueError(f"Santa: burnin must be a non-negative integer number of SG steps, got {burnin!r}.")
         if thermostat_init is not None and not is_positive_scalar(thermostat_init):
             raise ValueError(f"Santa: thermostat_init (C) must be > 0 or None, got {thermostat_init!r}.")
-        self._options = dict(step_size=float(step_size), anneal=bool(anneal), schedule=schedule, burnin=burnin,
-                             decay=float(decay), damping=float(damping), scheme=scheme,
-                             thermostat_init=thermostat_init)
+        self._options = dict(step_size=None if step_size is None else float(step_size), anneal=bool(anneal),
+                             schedule=schedule, burnin=burnin, decay=float(decay), damping=float(damping),
+                             scheme=scheme, thermostat_init=thermostat_init,
+                             target_inflation=check_target_inflation("Santa", target_inflation), **warmup_options)
 
     def _build(self, potential):
-        return santa_algorithm(potential, **self._options)
+        return santa_algorithm(potential, **self._options, subsample=self._subsample)
 
 
 def map_estimate(model, rng_key, *model_args, optimizer=None, num_steps=10_000, init_params=None,

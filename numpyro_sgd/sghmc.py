@@ -18,7 +18,9 @@ import jax.numpy as jnp
 from jax import random
 
 from .base import SGAlgorithm, SGKernel, StepInfo
-from .ewsg import check_friction, check_step_size, ewsg_update
+from .ewsg import check_friction, check_step_size, ewsg_update, with_default_underdamped_steps
+from .noise import TARGET_INFLATION, check_target_inflation
+from .warmup import pop_warmup_options
 
 __all__ = ["SGHMC", "SGHMCState", "sghmc"]
 
@@ -32,18 +34,24 @@ class SGHMCState(NamedTuple):
     step_size: jnp.ndarray
     #: friction γ (σ² = 2γ)
     friction: jnp.ndarray
+    #: noise-warmup state with a default step size or friction; empty when both are given
+    warmup: tuple = ()
 
 
-def sghmc(potential, step_size, friction):
+def sghmc(potential, step_size=None, friction=None, *, target_inflation=TARGET_INFLATION, subsample="with_replacement",
+          name="SGHMC", **warmup_options):
     """The SGHMC algorithm (:class:`SGHMC`) for a traced model.
 
     :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential`.
-    :return: :class:`~numpyro_sgd.base.SGAlgorithm` (no adaptation: warmup is burn-in).
+    :param step_size: h, or None: set at the end of the noise warmup (see :class:`SGHMC`).
+    :param friction: γ, or None (likewise).
+    :return: :class:`~numpyro_sgd.base.SGAlgorithm` (h and γ given: no adaptation, warmup is burn-in).
     """
 
     def init(rng_key, theta, num_warmup_steps):
         momentum = random.normal(rng_key, theta.shape, theta.dtype)  # r_0 ~ N(0, I)
-        return SGHMCState(momentum, jnp.asarray(step_size, theta.dtype), jnp.asarray(friction, theta.dtype))
+        return SGHMCState(momentum, jnp.asarray(jnp.nan if step_size is None else step_size, theta.dtype),
+                          jnp.asarray(jnp.nan if friction is None else friction, theta.dtype))
 
     def step(rng_key, i, theta, state, oracle):
         # Eq. 3 with a uniform minibatch: EWSG's step with M = 0
@@ -52,7 +60,8 @@ def sghmc(potential, step_size, friction):
                                                            state.friction, num_index_steps=0)
         return theta, state._replace(momentum=momentum), StepInfo(pe, oracle.batch_size, indices)
 
-    return SGAlgorithm(init, step, step)
+    return with_default_underdamped_steps(SGAlgorithm(init, step, step), potential, name, step_size, friction,
+                                          target_inflation, subsample, warmup_options)
 
 
 class SGHMC(SGKernel):
@@ -75,20 +84,47 @@ class SGHMC(SGKernel):
 
     The step size is in the units of NumPyro's potential U (a sum over data); the friction must
     dominate the minibatch noise h·Q/2 for the stationary law to be close to the posterior.
-    Warmup runs the same dynamics (burn-in).
+    With a given step size and friction warmup runs the same dynamics (burn-in).
+
+    **Default step size and friction** (``step_size=None``, ``friction=None``). Warmup
+    (``num_warmup × steps_per_sample`` SG steps) is the noise warmup of
+    :class:`~numpyro_sgd.ConstantSGD` (:mod:`numpyro_sgd.warmup`: Adam towards the mode, then
+    preconditioned SGD while the minibatch gradient-noise covariance Q is averaged). At its end,
+    with A ≈ (S/N) Q + Λ⁺ (Fisher plus the positive part of the prior's Hessian) and
+    τ = ``target_inflation`` (:func:`~numpyro_sgd.noise.sghmc_steps`):
+
+        γ = 2 √λ_max(A)              critical damping of the stiffest direction
+        h = 2τγ / λ_max(Q + 2A)      stationary variance ≤ (1 + τ)× the target's
+
+    The inflation of the Euler–Maruyama recursion along an eigen-direction is hq/(2γ) (the
+    minibatch noise h²q per step against the injected 2γh, Chen et al. 2014 Sec. 3.2) plus the
+    discretisation's ha/γ, to first order in h. Either of h, γ may be given alone (the other is
+    estimated); the chosen values are ``kernel_state.step_size`` and ``kernel_state.friction``.
+
+    .. note:: The rule used before (``examples/quickstart.py``), h = 2τγ/λ_max(Q) with
+       γ = 2 √((S/N) λ_max(Q)), omits the discretisation term (inflation 0.106 instead of 0.1
+       at S/N = 0.025) and the prior's curvature.
 
     :param model: NumPyro model with a subsample plate.
-    :param float step_size: h > 0.
-    :param float friction: γ > 0.
-    :param kwargs: see :class:`~numpyro_sgd.base.SGKernel`.
+    :param float step_size: h > 0, or None (default: see above).
+    :param float friction: γ > 0, or None (default: see above).
+    :param float target_inflation: τ ∈ (0, 1) of the default step size (default 0.1).
+    :param kwargs: see :class:`~numpyro_sgd.base.SGKernel` and, with a default step or friction,
+        the warmup options of :class:`~numpyro_sgd.ConstantSGD`.
     """
 
-    def __init__(self, model, step_size, friction, **kwargs):
-        super().__init__(model, **kwargs)
+    def __init__(self, model, step_size=None, friction=None, *, target_inflation=TARGET_INFLATION, **kwargs):
         name = type(self).__name__
-        check_step_size(name, step_size)
-        check_friction(name, friction)
-        self._options = dict(step_size=float(step_size), friction=float(friction))
+        warmup_options = pop_warmup_options(name, kwargs, step_size is None or friction is None)
+        super().__init__(model, **kwargs)
+        if step_size is not None:
+            check_step_size(name, step_size)
+        if friction is not None:
+            check_friction(name, friction)
+        self._options = dict(step_size=None if step_size is None else float(step_size),
+                             friction=None if friction is None else float(friction),
+                             target_inflation=check_target_inflation(name, target_inflation), name=name,
+                             **warmup_options)
 
     def _build(self, potential):
-        return sghmc(potential, **self._options)
+        return sghmc(potential, **self._options, subsample=self._subsample)

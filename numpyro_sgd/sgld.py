@@ -15,8 +15,10 @@ from jax import random
 
 from .base import SGAlgorithm, SGKernel, StepInfo, is_positive_scalar, renamed_keyword
 from .diffusions import overdamped_langevin
-from .ewsg import check_step_size, overdamped_ewsg_update
+from .ewsg import check_step_size, overdamped_ewsg_update, with_default_overdamped_step
+from .noise import TARGET_INFLATION, check_target_inflation, sgld_step_size
 from .schedules import robbins_monro
+from .warmup import pop_warmup_options, with_default_steps
 
 __all__ = ["SGLD", "SGLDState", "PSGLD", "PSGLDState", "sgld", "psgld", "sgld_step", "psgld_step", "robbins_monro"]
 
@@ -30,6 +32,9 @@ class SGLDState(NamedTuple):
     temperature: jnp.ndarray
     #: the step size used at the last step (ε_t of the schedule)
     last_step_size: jnp.ndarray
+    #: noise-warmup state (:class:`~numpyro_sgd.warmup.WarmupState`) with the default step size;
+    #: empty with a given step size
+    warmup: tuple = ()
 
 
 def sgld_step(rng_key, theta, grad, step_size, temperature):
@@ -37,18 +42,21 @@ def sgld_step(rng_key, theta, grad, step_size, temperature):
     return overdamped_langevin(rng_key, theta, grad, step_size, temperature)
 
 
-def sgld(potential, step_size, temperature=1.0):
+def sgld(potential, step_size=None, temperature=1.0, *, target_inflation=TARGET_INFLATION,
+         subsample="with_replacement", name="SGLD", **warmup_options):
     """The SGLD algorithm (:class:`SGLD`) for a traced model.
 
     :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential`.
-    :param step_size: ε > 0 or a schedule ``count -> ε_t`` (evaluated at the global SG step).
+    :param step_size: ε > 0, a schedule ``count -> ε_t`` (evaluated at the global SG step) or None:
+        the noise warmup estimates Q and A and ``end_warmup`` sets ε =
+        :func:`~numpyro_sgd.noise.sgld_step_size` (``target_inflation``).
     :param float temperature: T > 0.
-    :return: :class:`~numpyro_sgd.base.SGAlgorithm` (no adaptation: warmup is burn-in).
+    :return: :class:`~numpyro_sgd.base.SGAlgorithm` (a given step: no adaptation, warmup is burn-in).
     """
     schedule = step_size if callable(step_size) else None
 
     def init(rng_key, theta, num_warmup_steps):
-        eps = jnp.nan if schedule is not None else step_size
+        eps = jnp.nan if schedule is not None or step_size is None else step_size
         return SGLDState(jnp.asarray(eps, theta.dtype), jnp.asarray(temperature, theta.dtype),
                          jnp.asarray(0.0, theta.dtype))
 
@@ -59,7 +67,9 @@ def sgld(potential, step_size, temperature=1.0):
                                                             0, state.temperature)
         return theta, state._replace(last_step_size=eps), StepInfo(pe, oracle.batch_size, indices)
 
-    return SGAlgorithm(init, step, step, describe=lambda state: f"step size {float(state.last_step_size):.3g}")
+    return with_default_overdamped_step(
+        SGAlgorithm(init, step, step, describe=lambda state: f"step size {float(state.last_step_size):.3g}"),
+        potential, name, step_size, target_inflation, subsample, warmup_options)
 
 
 class SGLD(SGKernel):
@@ -80,14 +90,38 @@ class SGLD(SGKernel):
     ==========  ======================
 
     Step sizes are in the units of NumPyro's potential U (a sum over all N data), as in
-    Welling & Teh: θ ← θ − (ε/2) ∇Û_S + N(0, ε). Warmup steps use the same dynamics (burn-in);
-    a schedule is evaluated at the global SG step count (warmup included).
+    Welling & Teh: θ ← θ − (ε/2) ∇Û_S + N(0, ε). With a given step size (or schedule) warmup
+    steps use the same dynamics (burn-in); a schedule is evaluated at the global SG step count
+    (warmup included).
+
+    **Default step size** (``step_size=None``). Warmup (``num_warmup × steps_per_sample`` SG
+    steps) is the noise warmup of :class:`~numpyro_sgd.ConstantSGD` (:mod:`numpyro_sgd.warmup`:
+    Adam towards the mode, then preconditioned SGD while the minibatch gradient-noise covariance
+    Q is averaged); at its end ε is set, once, so that the stationary variance along the worst
+    direction exceeds the target's by at most ``target_inflation`` τ:
+
+        ε = 4τ / λ_max(Q/T + (1 + τ) A),   A ≈ (S/N) Q + Λ⁺
+
+    (:func:`~numpyro_sgd.noise.sgld_step_size`: the minibatch-noise inflation εq/(4T) of Mandt
+    et al. Sec. 4.1 / Eq. 32–33 plus the Euler bias εa/4, exact for a Gaussian whose Q and A
+    commute; Λ⁺ the positive part of the prior's Hessian; with ``subsample="without_replacement"``
+    Q carries the factor (N − S)/(N − 1)). The chosen ε is ``kernel_state.step_size``. Q is
+    estimated in full up to D = 1000 (:data:`~numpyro_sgd.noise.AUTO_FULL_MAX_DIM`), above only its
+    diagonal (then λ_max is the largest diagonal entry, exact only for uncorrelated noise).
+
+    .. note:: The rule the examples used before (ε = 4τ/λ_max(Q), ``examples/quickstart.py``)
+       omits the Euler term: its inflation is τ(1 + S/N) + O(τ²), and it has no bound where Q
+       vanishes (S = N, prior-dominated directions), where ε a ≥ 4 diverges.
 
     :param model: NumPyro model with a subsample plate.
-    :param step_size: float > 0 or a schedule.
+    :param step_size: float > 0, a schedule, or None (default: from the noise warmup, see above).
     :param float temperature: T > 0 (default 1, the posterior).
+    :param float target_inflation: τ ∈ (0, 1), the tolerated relative excess of the stationary
+        variance with the default step size (default 0.1; a given ``step_size`` wins).
     :param kwargs: see :class:`~numpyro_sgd.base.SGKernel` (``steps_per_sample``, ``subsample``,
-        ``warmup_subsample``, ``init_strategy``).
+        ``warmup_subsample``, ``init_strategy``) and, with the default step size only, the warmup
+        options of :class:`~numpyro_sgd.ConstantSGD` (``noise_estimator``, ``adam_fraction``,
+        ``noise_window``, ``adam_lr``, ``warmup_max_step``).
 
     .. doctest::
 
@@ -108,19 +142,24 @@ class SGLD(SGKernel):
         True
     """
 
-    def __init__(self, model, step_size, *, temperature=1.0, **kwargs):
+    def __init__(self, model, step_size=None, *, temperature=1.0, target_inflation=TARGET_INFLATION, **kwargs):
+        name = type(self).__name__
+        warmup_options = pop_warmup_options(name, kwargs, step_size is None)
         super().__init__(model, **kwargs)
-        if not callable(step_size) and not is_positive_scalar(step_size):
+        if step_size is not None and not callable(step_size) and not is_positive_scalar(step_size):
             raise ValueError(
-                f"SGLD: step_size must be a positive float or a schedule (count -> step size), got {step_size!r}."
+                f"{name}: step_size must be a positive float or a schedule (count -> step size), or None to set it "
+                f"from the gradient noise in warmup, got {step_size!r}."
             )
         if not temperature > 0:
-            raise ValueError(f"SGLD: temperature must be > 0, got {temperature}.")
+            raise ValueError(f"{name}: temperature must be > 0, got {temperature}.")
         self._step_size = step_size
         self._temperature = temperature
+        self._options = dict(target_inflation=check_target_inflation(name, target_inflation), name=name,
+                             **warmup_options)
 
     def _build(self, potential):
-        return sgld(potential, self._step_size, self._temperature)
+        return sgld(potential, self._step_size, self._temperature, subsample=self._subsample, **self._options)
 
 
 class PSGLDState(NamedTuple):
@@ -136,6 +175,8 @@ class PSGLDState(NamedTuple):
     damping: jnp.ndarray
     #: whether V has been initialised (the first step sets V = ḡ²)
     started: jnp.ndarray
+    #: noise-warmup state with the default step size; empty with a given step size
+    warmup: tuple = ()
 
 
 def psgld_step(rng_key, theta, grad, second_moment, step_size, decay, damping, num_data, started):
@@ -152,17 +193,19 @@ def psgld_step(rng_key, theta, grad, second_moment, step_size, decay, damping, n
     return theta, second_moment
 
 
-def psgld(potential, step_size, decay=0.99, damping=1e-5):
+def psgld(potential, step_size=None, decay=0.99, damping=1e-5, *, target_inflation=TARGET_INFLATION,
+          subsample="with_replacement", name="PSGLD", **warmup_options):
     """The pSGLD algorithm (:class:`PSGLD`) for a traced model.
 
     :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential` (N for ḡ = ∇Û_S / N).
-    :return: :class:`~numpyro_sgd.base.SGAlgorithm` (V keeps adapting; warmup is burn-in).
+    :param step_size: ε > 0, or None: set at the end of the noise warmup (see :class:`PSGLD`).
+    :return: :class:`~numpyro_sgd.base.SGAlgorithm` (V keeps adapting; a given step: warmup is burn-in).
     """
 
     def init(rng_key, theta, num_warmup_steps):
         dt = theta.dtype
-        return PSGLDState(jnp.zeros_like(theta), jnp.asarray(step_size, dt), jnp.asarray(decay, dt),
-                          jnp.asarray(damping, dt), jnp.array(False))
+        return PSGLDState(jnp.zeros_like(theta), jnp.asarray(jnp.nan if step_size is None else step_size, dt),
+                          jnp.asarray(decay, dt), jnp.asarray(damping, dt), jnp.array(False))
 
     def step(rng_key, i, theta, state, oracle):
         k_idx, k_noise = random.split(rng_key)
@@ -172,7 +215,21 @@ def psgld(potential, step_size, decay=0.99, damping=1e-5):
         return theta, state._replace(second_moment=second, started=jnp.array(True)), StepInfo(pe, oracle.batch_size,
                                                                                              indices)
 
-    return SGAlgorithm(init, step, step)
+    algorithm = SGAlgorithm(init, step, step)
+    if step_size is not None:
+        return algorithm
+
+    def set_steps(state, noise, curvature):
+        # V at its value near the mode, E[ḡ²] ≈ Q_kk/N², so G ≈ N/√Q_kk from the first step on;
+        # ε = 4τ / λ_max(G^½ (Q + (1 + τ) A) G^½)
+        q_diag = jnp.diagonal(noise) if noise.ndim == 2 else noise
+        second = jnp.maximum(q_diag, 0.0) / float(potential.num_data) ** 2  # a Python float: N² overflows int32
+        precond = 1.0 / (state.damping + jnp.sqrt(second))
+        eps = sgld_step_size(noise, curvature, target_inflation, preconditioner=precond)
+        return state._replace(second_moment=second.astype(state.second_moment.dtype),
+                              step_size=eps.astype(state.step_size.dtype), started=jnp.array(True))
+
+    return with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample)
 
 
 class PSGLD(SGKernel):
@@ -194,24 +251,43 @@ class PSGLD(SGKernel):
     .. note:: ḡ includes the prior's gradient divided by N (the paper's ḡ is the likelihood
        part only); the difference is O(1/N). The Γ(θ) correction term is neglected, as in the
        paper; the preconditioner keeps adapting during sampling, so the chain is only
-       approximately stationary. Warmup runs the same dynamics (burn-in).
+       approximately stationary. With a given step size warmup runs the same dynamics (burn-in).
+
+    **Default step size** (``step_size=None``). Warmup is the noise warmup of
+    :class:`~numpyro_sgd.ConstantSGD` (see :class:`SGLD`); at its end V is set to its value near
+    the mode, V_k = Q_kk/N² (so G_k = 1/(λ + √Q_kk/N) ≈ N/√Q_kk), and ε to SGLD's rule in the
+    coordinates of G (:func:`~numpyro_sgd.noise.sgld_step_size`, G held fixed):
+
+        ε = 4τ / λ_max(G^½ (Q + (1 + τ) A) G^½),   A ≈ (S/N) Q + Λ⁺.
+
+    .. note:: The rule used before (``examples/quickstart.py``), ε = 4τ/(N √max_k Q_kk), is the
+       diagonal of this one without the Euler term: G^½ Q G^½ has diagonal N √Q_kk, but its top
+       eigenvalue is larger when the gradient noise is correlated (up to D×), so that rule can
+       overshoot τ on correlated posteriors.
 
     :param model: NumPyro model with a subsample plate.
-    :param float step_size: ε > 0.
+    :param float step_size: ε > 0, or None (default: from the noise warmup, see above).
     :param float decay: α ∈ (0, 1), the RMSprop decay of V (default 0.99).
     :param float damping: λ > 0 (default 1e-5).
-    :param kwargs: see :class:`~numpyro_sgd.base.SGKernel`.
+    :param float target_inflation: τ ∈ (0, 1) of the default step size (default 0.1).
+    :param kwargs: see :class:`~numpyro_sgd.base.SGKernel` and, with the default step size, the
+        warmup options of :class:`~numpyro_sgd.ConstantSGD`.
     """
 
-    def __init__(self, model, step_size, *, decay=0.99, damping=1e-5, alpha=None, **kwargs):
+    def __init__(self, model, step_size=None, *, decay=0.99, damping=1e-5, target_inflation=TARGET_INFLATION,
+                 alpha=None, **kwargs):
+        warmup_options = pop_warmup_options("PSGLD", kwargs, step_size is None)
         super().__init__(model, **kwargs)
-        check_step_size("PSGLD", step_size)
+        if step_size is not None:
+            check_step_size("PSGLD", step_size)
         decay = renamed_keyword("PSGLD", "decay", decay, 0.99, "alpha", alpha)
         if not 0 < decay < 1:
             raise ValueError(f"PSGLD: decay (the RMSprop decay α) must lie in (0, 1), got {decay}.")
         if not damping > 0:
             raise ValueError(f"PSGLD: damping (λ) must be > 0, got {damping}.")
-        self._options = dict(step_size=float(step_size), decay=float(decay), damping=float(damping))
+        self._options = dict(step_size=None if step_size is None else float(step_size), decay=float(decay),
+                             damping=float(damping), target_inflation=check_target_inflation("PSGLD", target_inflation),
+                             **warmup_options)
 
     def _build(self, potential):
-        return psgld(potential, **self._options)
+        return psgld(potential, **self._options, subsample=self._subsample)

@@ -41,11 +41,11 @@ from jax.scipy.linalg import cho_solve
 from numpyro.util import find_stack_level
 
 from .base import StepInfo
-from .noise import NOISE_ESTIMATORS, NoiseState, psd_part
+from .noise import NOISE_ESTIMATORS, NoiseState, fisher_curvature, psd_part, resolve_preconditioner, sampling_noise
 from .noise import noise_estimator as make_noise_estimator
 
 __all__ = ["WarmupState", "WarmupSummary", "NoiseWarmup", "noise_warmup", "WARMUP_DEFAULTS", "check_warmup_options",
-           "warmup_refresh_every"]
+           "warmup_refresh_every", "pop_warmup_options", "with_default_steps"]
 
 #: defaults of the warmup options every noise-adapting kernel accepts
 WARMUP_DEFAULTS = dict(noise_estimator=None, adam_fraction=0.4, noise_window=0.4, adam_lr=(0.1, 1e-3),
@@ -255,3 +255,62 @@ def noise_warmup(potential, full, name, noise_estimator=None, adam_fraction=0.4,
         return WarmupSummary(estimator.final(ws.noise_state), oracle.prior_hessian(theta, diagonal=not full))
 
     return NoiseWarmup(init, update, final, estimator)
+
+
+def pop_warmup_options(name, kwargs, default_steps):
+    """Take the warmup options (:data:`WARMUP_DEFAULTS`) out of a kernel's ``**kwargs`` and validate them.
+
+    For the kernels whose default step size comes from a noise warmup (SGLD, pSGLD, SGHMC, EWSG,
+    OverdampedEWSG, Santa): with a user step size (``default_steps=False``) there is no such
+    warmup, and a warmup option is refused rather than ignored.
+    """
+    given = {k: kwargs.pop(k) for k in list(kwargs) if k in WARMUP_DEFAULTS}
+    if given and not default_steps:
+        raise ValueError(
+            f"{name}: {sorted(given)} configure the noise warmup that sets the default step size; with a given "
+            "step_size (and friction) warmup is plain burn-in. Drop these options or the step size."
+        )
+    return check_warmup_options(name, **given)
+
+
+def with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample="with_replacement"):
+    """The algorithm with its warmup replaced by the noise warmup (:func:`noise_warmup`) and an
+    ``end_warmup`` that sets its step size (and friction) from the estimate.
+
+    The algorithm's state must have a ``warmup`` field (empty for a user step size), and its
+    sampling step must read its step sizes from the state.
+
+    :param algorithm: the :class:`~numpyro_sgd.base.SGAlgorithm` built with placeholder (NaN) steps.
+    :param set_steps: ``(state, noise, curvature) -> state``: the state with the steps set from
+        the sampling-phase minibatch noise f Q (:func:`~numpyro_sgd.noise.sampling_noise`) and the
+        curvature A_U ≈ Σ_p (S_p/N_p) Q_p + Λ⁺ (Fisher plus the positive part of the prior's
+        Hessian, :func:`~numpyro_sgd.noise.fisher_curvature`), both (D,) or (D, D). When the
+        noise window averaged nothing (too short a warmup; :func:`noise_warmup` warns) both are
+        NaN, so the steps are NaN: every SG step is then rejected and counted as a divergence,
+        never sampled.
+    :param dict warmup_options: from :func:`pop_warmup_options`.
+    :param str subsample: how the sampling phase draws minibatches (the kernel's ``subsample``).
+
+    Q is estimated in full up to D = :data:`~numpyro_sgd.noise.AUTO_FULL_MAX_DIM`, above only its
+    diagonal (as ``preconditioner="auto"`` of the noise-adapting kernels).
+    """
+    full = resolve_preconditioner("auto", potential.dim) == "full"
+    without_replacement = subsample == "without_replacement"
+    warmup = noise_warmup(potential, full, name, **warmup_options)
+
+    def init(rng_key, theta, num_warmup_steps):
+        return algorithm.init(rng_key, theta, num_warmup_steps)._replace(warmup=warmup.init(theta, num_warmup_steps))
+
+    def warmup_step(rng_key, step, theta, state, oracle):
+        theta, ws, info = warmup.update(rng_key, step, theta, state.warmup, oracle)
+        return theta, state._replace(warmup=ws), info
+
+    def end_warmup(theta, state, oracle):
+        summary = warmup.final(state.warmup, theta, oracle)
+        summary = summary._replace(prior_curvature=psd_part(summary.prior_curvature))
+        estimated = state.warmup.noise_state.count > 0
+        noise = sampling_noise(summary, potential.plates, without_replacement)
+        curvature = fisher_curvature(summary, potential.plates)
+        return set_steps(state, jnp.where(estimated, noise, jnp.nan), jnp.where(estimated, curvature, jnp.nan))
+
+    return algorithm._replace(init=init, warmup_step=warmup_step, end_warmup=end_warmup)
