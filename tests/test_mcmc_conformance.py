@@ -47,6 +47,19 @@ KERNELS = [
 #: VariationalEM fits the model's param site; one more minibatch gradient (for λ) per sampling step
 VEM = pytest.param(lambda m, **kw: VariationalEM(ConstantSGD(m, "diag", **kw)), None, id="VariationalEM")
 KERNELS_AND_VEM = KERNELS + [VEM]
+#: kernels that exercise every path of the shared driver: plain steps (SGLD), an adapting warmup
+#: with momentum (ConstantSGD), a window with end_block (IASG), the index chain and a full-data
+#: calibration (EWSGVR) and a wrapper (VariationalEM). Driver-only checks run on these in CI and
+#: on every kernel with the slow tests (-m slow); what depends on each kernel's state (vmap,
+#: determinism, continuation, pickling, progress text) runs on every kernel.
+REPRESENTATIVE = {"SGLD", "ConstantSGD-full-momentum", "IASG-diag", "EWSGVR", "VariationalEM"}
+
+
+def driver_only(params):
+    """``params`` with the non-representative kernels marked slow."""
+    return [p if p.id in REPRESENTATIVE else pytest.param(*p.values, id=p.id, marks=[*p.marks, pytest.mark.slow])
+            for p in params]
+
 
 N, S = 500, 25
 
@@ -75,9 +88,14 @@ def _mcmc(make, num_chains=1, chain_method="vectorized", progress_bar=False, ste
                 num_chains=num_chains, chain_method=chain_method, progress_bar=progress_bar, **kw)
 
 
-@pytest.mark.parametrize("make, passes", KERNELS_AND_VEM)
-# each chain method and each progress-bar path once (the four combinations cost 2 minutes of CI)
-@pytest.mark.parametrize("chain_method, progress_bar", [("vectorized", True), ("sequential", False)])
+# each chain method and each progress-bar path once (the four combinations cost 2 minutes of CI):
+# vectorized with the progress bar for every kernel, sequential without it for the representative
+# ones (the others with the slow tests)
+@pytest.mark.parametrize("make, passes, chain_method, progress_bar", [
+    pytest.param(*p.values, method, bar, id=f"{method}-{p.id}", marks=p.marks)
+    for method, bar, params in (("vectorized", True, KERNELS_AND_VEM), ("sequential", False,
+                                                                        driver_only(KERNELS_AND_VEM)))
+    for p in params])
 def test_two_chains(make, passes, chain_method, progress_bar):
     mcmc = _mcmc(make, num_chains=2, chain_method=chain_method, progress_bar=progress_bar)
     mcmc.run(jax.random.key(0), Y, extra_fields=("potential_energy", "data_passes", "num_divergences"))
@@ -117,7 +135,7 @@ def test_continuation_and_pickling(make, passes):
     assert int(clone.last_state.i) == 180
 
 
-@pytest.mark.parametrize("make, passes", KERNELS_AND_VEM)
+@pytest.mark.parametrize("make, passes", driver_only(KERNELS_AND_VEM))
 def test_warmup_then_run(make, passes):
     mcmc = _mcmc(make)
     mcmc.warmup(jax.random.key(4), Y)
@@ -126,7 +144,7 @@ def test_warmup_then_run(make, passes):
     assert int(mcmc.last_state.i) == 100
 
 
-@pytest.mark.parametrize("make, passes", KERNELS_AND_VEM)
+@pytest.mark.parametrize("make, passes", driver_only(KERNELS_AND_VEM))
 def test_steps_per_sample(make, passes):
     mcmc = _mcmc(make, steps_per_sample=5)
     mcmc.run(jax.random.key(6), Y, extra_fields=("i", "data_passes"))
@@ -135,7 +153,7 @@ def test_steps_per_sample(make, passes):
     np.testing.assert_allclose(extra["data_passes"][-1], _passes(passes, 300, 200))
 
 
-@pytest.mark.parametrize("make, passes", KERNELS_AND_VEM)
+@pytest.mark.parametrize("make, passes", driver_only(KERNELS_AND_VEM))
 def test_print_summary_and_arviz(make, passes, capsys):
     mcmc = _mcmc(make, num_chains=2)
     mcmc.run(jax.random.key(7), Y)
