@@ -2,7 +2,7 @@
 
 from .base import SGAlgorithm, SGKernel, SGState, StepInfo
 from .constant_sgd import ConstantSGD, ConstantSGDState, constant_sgd
-from .diagnostics import fit_gaussian, gaussian_kl
+from .diagnostics import check_run, fit_gaussian, gaussian_kl
 from .ewsg import EWSG, EWSGVR, EWSGState, EWSGVRState, OverdampedEWSG, OverdampedEWSGState, ewsg, ewsg_vr
 from .iasg import IASG, IASGState, iasg
 from .loo import LooSubsample, compare_loo, loo_subsample
@@ -18,6 +18,7 @@ from .vem import VariationalEM, VariationalEMState, variational_em
 __version__ = "0.1.0"
 
 __all__ = [
+    "check_run",
     "ConstantSGD",
     "ConstantSGDState",
     "EWSG",

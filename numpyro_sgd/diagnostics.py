@@ -36,6 +36,7 @@ __all__ = [
     "plot_ellipses",
     "plot_convergence",
     "convergence_curve",
+    "check_run",
 ]
 
 
@@ -576,3 +577,151 @@ def convergence_curve(run, reference, *, names=None, transforms=None, num_points
         xs.append(float(np.sum(passes[:, end - 1])))
         ys.append(gaussian_kl(u[:, :end], ref))
     return np.array(xs), np.array(ys)
+
+
+# ---------------------------------------------------------------------------- end-of-run checks
+#: :func:`check_run` thresholds: split R-hat above, bulk ESS below, mode offset (sds) above
+RHAT_MAX, ESS_MIN, MODE_OFFSET_MAX = 1.1, 10.0, 3.0
+
+
+def _unconstrained_draws(kernel, samples):
+    """{site: (chains, draws, d)} unconstrained draws of the latent sites, from constrained samples."""
+    potential = kernel.potential
+    out = {}
+    for name in potential.view.names:
+        value = jnp.asarray(samples[name])
+        transform = potential.transforms.get(name)
+        u = transform.inv(value) if transform is not None else value
+        out[name] = np.asarray(u, np.float64).reshape(value.shape[:2] + (-1,))
+    return out
+
+
+def _full_gradient(kernel, theta, model_args, model_kwargs, params, chunk_size=100_000):
+    """∇U(θ) on all the data: one plate of N > ``chunk_size`` rows is summed in chunks as
+    Σ_c (K_c/N) ∇Û_{K_c}(θ) (each chunk's potential carries the prior and the scale N/K_c), so no
+    N-sized intermediate is built."""
+    potential = kernel.potential
+    plates = potential.plates
+    if len(plates) != 1 or plates[0].size <= chunk_size:
+        return jax.grad(potential.full_potential)(theta, model_args, model_kwargs, params)
+    (plate,) = plates
+    n, m = plate.size, plate.size // chunk_size
+
+    def grad_at(start, size):
+        idx = {plate.name: start + jnp.arange(size)}
+        return jax.grad(potential.potential)(theta, idx, model_args, model_kwargs, params) * (size / n)
+
+    total = jnp.sum(jax.lax.map(lambda c: grad_at(c * chunk_size, chunk_size), jnp.arange(m)), axis=0)
+    rest = n - m * chunk_size
+    return total + (grad_at(m * chunk_size, rest) if rest else 0.0)
+
+
+def _worst(stat, draws, pick):
+    """(site, flat index, value) of the coordinate where ``stat`` is worst (``pick``: argmax/argmin)."""
+    best = None
+    for name, x in draws.items():
+        values = np.asarray(stat(x), np.float64).reshape(-1)
+        values = np.where(np.isfinite(values), values, -np.inf if pick is np.argmin else np.inf)
+        j = int(pick(values))
+        if best is None or (values[j] < best[2] if pick is np.argmin else values[j] > best[2]):
+            best = (name, j, float(values[j]))
+    return best
+
+
+def _coordinate(draws, name, j):
+    return name if draws[name].shape[-1] == 1 else f"{name}[{j}]"
+
+
+def check_run(mcmc, *, gradient=True, warn=True):
+    """End-of-run checks of a numpyro_sgd run; each failed check gives a warning that names the
+    problem and what to try. Returns the list of messages (empty: every check passed).
+
+    NumPyro's ``MCMC.run`` gives the kernel no call after its last sample (and a host callback in
+    the step would cost a sync per step and keep XLA's compilation cache from storing the loop),
+    so these checks run here; :func:`to_arviz` and :func:`compare` run the cheap ones (all but
+    ``gradient``) on every run they are given. The checks:
+
+    1. *Rejected steps*: SG steps whose potential, gradient or new state was non-finite, or whose
+       constrained value left the open support, were not taken (``mcmc.last_state.num_divergences``).
+    2. *Not stationary*: split R-hat (Gelman et al. 2013, Sec. 11.4; every chain split in halves,
+       so one chain that drifts is caught) above 1.1 on an unconstrained coordinate.
+    3. *Frozen directions*: bulk ESS below 10 (or no variance at all) on a coordinate: the chain
+       hardly moved in that direction, e.g. a badly scaled posterior under a scalar or diagonal
+       preconditioner.
+    4. *Away from the mode* (``gradient=True``, one full-data gradient per chain): at each chain's
+       mean θ̄ of unconstrained draws with covariance Σ, the full-data gradient g = ∇U(θ̄) ≈ A(θ̄ − θ*)
+       near a Gaussian mode, and with Σ ≈ A⁻¹, δ = (gᵀΣg)^½ is the distance of θ̄ from the mode in
+       posterior sds; δ > 3 flags a chain that settled away from the posterior (e.g. a warmup that
+       did not reach the mode). Skewed posteriors put the mean O(skewness) sds from the mode, far
+       below 3.
+
+    :param mcmc: a finished ``numpyro.infer.MCMC`` run of a numpyro_sgd kernel.
+    :param bool gradient: run check 4 (one data pass per chain, computed in chunks).
+    :param bool warn: also issue each message as a ``UserWarning``.
+    :return: list of str.
+    """
+    kernel = _kernel_of(mcmc)
+    name = type(kernel).__name__
+    state = mcmc.last_state
+    messages = []
+    rejected = int(np.sum(np.asarray(state.num_divergences)))
+    if rejected:
+        steps = int(np.sum(np.asarray(state.i)))
+        first = np.asarray(state.first_divergence).reshape(-1)
+        first = int(first[first >= 0].min()) if np.any(first >= 0) else -1
+        messages.append(
+            f"{name}: {rejected} of {steps} SG steps were rejected (first at step {first}): a non-finite "
+            "potential, gradient or state, or a constrained value on the edge of its support. Each repeats "
+            "the previous draw, so the chain mixes less than it seems. Try a longer warmup, init_params near "
+            "the mode, or a smaller step (step_size / target_inflation). Many rejections on a model with "
+            "local scale latents (hierarchical scales, horseshoe) mean a funnel that a constant-rate kernel "
+            "cannot represent: sample those scales with SGWithinGibbs or use NUTS (docs/robustness.md).")
+    samples = mcmc.get_samples(group_by_chain=True)
+    draws = _unconstrained_draws(kernel, samples)
+    num_draws = next(iter(draws.values())).shape[1] if draws else 0
+    if num_draws >= 4:
+        from numpyro.diagnostics import effective_sample_size, split_gelman_rubin
+
+        site, j, rhat = _worst(split_gelman_rubin, draws, np.argmax)
+        if not rhat <= RHAT_MAX:
+            messages.append(
+                f"{name}: split R-hat {rhat:.3g} > {RHAT_MAX} for {_coordinate(draws, site, j)} (unconstrained): "
+                "the chain drifts between the halves of the run, or the chains sit in different places, so "
+                "the draws are not yet from a stationary law and their means and sds are biased. Try a longer "
+                "warmup (warmup_passes), predictors rescaled to unit scale (warmup's first phase moves in "
+                "absolute units), or init_params near the mode.")
+        site, j, ess = _worst(effective_sample_size, draws, np.argmin)
+        if not ess >= ESS_MIN:
+            messages.append(
+                f"{name}: bulk ESS {ess:.3g} < {ESS_MIN:g} for {_coordinate(draws, site, j)} (unconstrained): the "
+                "chain hardly moves in this direction (a direction the preconditioner leaves frozen, or a run "
+                "shorter than its relaxation time), so estimates along it are unreliable. Try "
+                "preconditioner='full', a longer run (num_samples, steps_per_sample), or rescaled predictors.")
+        if gradient:
+            messages += _mode_offset_messages(kernel, mcmc, state, draws, name)
+    if warn:
+        for message in messages:
+            warnings.warn(message, UserWarning, stacklevel=find_stack_level())
+    return messages
+
+
+def _mode_offset_messages(kernel, mcmc, state, draws, name):
+    model_args, model_kwargs = kernel.run_args
+    flat = np.concatenate([draws[k] for k in kernel.potential.view.names], axis=-1)  # (chains, draws, D)
+    hyperparameters = getattr(kernel, "hyperparameters", None)
+    messages = []
+    for c in range(flat.shape[0]):
+        x = flat[c]
+        params = None
+        if hyperparameters is not None:
+            params = hyperparameters(state if np.ndim(state.i) == 0 else jax.tree.map(lambda v, c=c: v[c], state))
+        g = np.asarray(_full_gradient(kernel, jnp.asarray(x.mean(0)), model_args, model_kwargs, params), np.float64)
+        cov = np.cov(x, rowvar=False).reshape(x.shape[1], x.shape[1]) if x.shape[1] <= 2000 else None
+        offset = math.sqrt(max(float(g @ cov @ g) if cov is not None else float(np.sum(g**2 * x.var(0))), 0.0))
+        if not offset <= MODE_OFFSET_MAX:
+            messages.append(
+                f"{name}: chain {c}'s mean is {offset:.3g} posterior sds from the mode (full-data gradient at "
+                "the mean, in units of the draws' covariance): the chain settled away from the posterior, "
+                "e.g. after a warmup that did not reach the mode. Try a longer warmup (warmup_passes), "
+                "predictors rescaled to unit scale, or init_params near the mode.")
+    return messages

@@ -94,3 +94,9 @@ def small_linreg():
 def wide_linreg():
     """D = 40: a problem where warmup refreshes its moments on every 3rd step only."""
     return ConjugateLinearRegression(n=20_000, d=40, s=200, rho=0.5, seed=2)
+
+
+@pytest.fixture(scope="session")
+def make_linreg():
+    """:class:`ConjugateLinearRegression` itself, for tests that need their own sizes or scales."""
+    return ConjugateLinearRegression
