@@ -222,6 +222,14 @@ def _warn_constant_data(name, model_args, model_kwargs):
     arguments (Python scalars such as a ``subsample_size`` argument stay static).
     """
     arrays = [x for x in jax.tree.leaves((model_args, model_kwargs)) if isinstance(x, (jax.Array, np.ndarray))]
+    sharded = [x for x in arrays if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+               and len(x.sharding.device_set) > 1 and not x.sharding.is_fully_replicated]
+    if sharded:
+        warnings.warn(
+            f"{name}: model arguments sharded over {len(sharded[0].sharding.device_set)} devices are compiled "
+            "into the sampling loop as constants (NumPyro's default jit_model_args=False): XLA replicates them "
+            "on every device and the sharding is lost. Pass MCMC(..., jit_model_args=True) so that each device "
+            "keeps its own rows.", stacklevel=find_stack_level())
     size = sum(x.nbytes for x in arrays if not isinstance(x, jax.core.Tracer))
     if size > CONSTANT_DATA_WARN_BYTES:
         warnings.warn(
