@@ -56,6 +56,7 @@ from .potential import (
     _split_arrays,
     as_jax_args,
 )
+from .validation import check_init_params, check_int, check_positive  # noqa: F401 - re-exported
 
 __all__ = ["SGState", "SGKernel", "SGAlgorithm", "StepInfo", "MinibatchOracle", "is_positive_scalar",
            "pick_chain", "renamed_keyword"]
@@ -336,14 +337,11 @@ class SGKernel(MCMCKernel):
         name = type(self).__name__
         if not callable(model):
             raise TypeError(f"{name}: `model` must be a NumPyro model (a callable), got {type(model).__name__}.")
-        if steps_per_sample is not None and (
-                not isinstance(steps_per_sample, (int, np.integer)) or isinstance(steps_per_sample, bool)
-                or steps_per_sample < 1):
-            raise ValueError(f"{name}: steps_per_sample must be an integer >= 1 or None (the kernel's relaxation "
-                             f"time, one data pass for ConstantSGD/SGFS), got {steps_per_sample!r}.")
-        if warmup_passes is not None and not is_positive_scalar(warmup_passes):
-            raise ValueError(f"{name}: warmup_passes must be a positive number of data passes or None "
-                             f"(default {DEFAULT_WARMUP_PASSES}), got {warmup_passes!r}.")
+        check_int(name, "steps_per_sample", steps_per_sample, allow_none=True,
+                  what="an integer >= 1 or None (the kernel's relaxation time, one data pass for ConstantSGD/SGFS)")
+        warmup_passes = check_positive(
+            name, "warmup_passes", warmup_passes, allow_none=True,
+            what=f"a positive number of data passes or None (default {DEFAULT_WARMUP_PASSES})")
         if subsample not in ("with_replacement", "without_replacement"):
             hint = (" 'shuffle' is allowed only as warmup_subsample: reshuffling per epoch makes "
                     "consecutive gradients anticorrelated and shrinks the stationary spread."
@@ -363,11 +361,11 @@ class SGKernel(MCMCKernel):
         self._subsample = subsample
         self._warmup_subsample = warmup_subsample
         self._init_strategy = init_strategy
-        sizes = subsample_size.values() if isinstance(subsample_size, dict) else [subsample_size]
-        if subsample_size is not None and not all(
-                isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1 for v in sizes):
-            raise ValueError(f"{name}: subsample_size must be an integer >= 1 or a dict {{plate name: integer}}, "
-                             f"got {subsample_size!r}.")
+        if subsample_size is not None:
+            sizes = subsample_size if isinstance(subsample_size, dict) else {None: subsample_size}
+            what = "an integer >= 1 or a dict {plate name: integer}"
+            sizes = {k: check_int(name, "subsample_size", v, what=what) for k, v in sizes.items()}
+            subsample_size = sizes if isinstance(subsample_size, dict) else sizes[None]
         self._subsample_size = subsample_size
         self._potential = None
         self._run_args = ((), {})
@@ -648,6 +646,9 @@ class SGKernel(MCMCKernel):
                     f"{type(self).__name__}: init_params lacks the latent sites {sorted(missing)}; "
                     "give unconstrained values for every latent site."
                 )
+            if not _is_tracer(init_params):
+                init_params = check_init_params(type(self).__name__, init_params, potential.view,
+                                                rng_key.shape[0] if vectorized else None)
 
         def init_one(key, z0, model_args, model_kwargs):
             key, k_init, k_state, k_shuffle, k_pe = random.split(key, 5)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import random
 
-from .base import SGAlgorithm, SGKernel, StepInfo, is_positive_scalar, pick_chain
+from .base import SGAlgorithm, SGKernel, StepInfo, pick_chain
 from .noise import (
     PRECONDITIONERS,
     apply_preconditioner,
@@ -27,6 +27,7 @@ from .noise import (
     resolve_preconditioner,
 )
 from .noise import discrete_time_correction as correction_factor
+from .validation import check_number, check_positive
 from .warmup import WarmupState, check_warmup_options, noise_warmup
 
 __all__ = ["ConstantSGD", "ConstantSGDState", "constant_sgd", "constant_sgd_step"]
@@ -234,9 +235,9 @@ class ConstantSGD(SGKernel):
         super().__init__(model, **kwargs)
         self._warmup_options = check_warmup_options(
             "ConstantSGD", noise_estimator, adam_fraction, noise_window, adam_lr, warmup_max_step)
-        if step_size is not None and not is_positive_scalar(step_size):
-            raise ValueError(f"ConstantSGD: step_size must be a positive float or None (use ε*), got {step_size!r}.")
-        if not 0 < momentum <= 1:
+        step_size = check_positive("ConstantSGD", "step_size", step_size, "a positive float or None (use ε*)",
+                                   allow_none=True)
+        if not 0 < check_number("ConstantSGD", "momentum", momentum) <= 1:
             raise ValueError(
                 f"ConstantSGD: momentum (μ of Mandt Eq. 27) must lie in (0, 1], got {momentum}; 1 means no momentum."
             )
@@ -246,7 +247,7 @@ class ConstantSGD(SGKernel):
                 "drop step_size, or set prior_noise=False to use your step size."
             )
         self._options = dict(preconditioner=preconditioner, step_size=None if step_size is None else float(step_size),
-                             momentum=momentum, discrete_time_correction=bool(discrete_time_correction),
+                             momentum=float(momentum), discrete_time_correction=bool(discrete_time_correction),
                              prior_noise=bool(prior_noise))
 
     def _build(self, potential):

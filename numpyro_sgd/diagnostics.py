@@ -37,6 +37,7 @@ __all__ = [
     "plot_convergence",
     "convergence_curve",
     "check_run",
+    "run_model_args",
 ]
 
 
@@ -195,13 +196,64 @@ def pointwise_log_likelihood(kernel, samples, model_args=(), model_kwargs=None, 
     return {k: np.concatenate(v, axis=-1).reshape(batch_shape + (-1,)) for k, v in pieces.items()}
 
 
-def _observed_data(kernel, model_args, model_kwargs):
+def _trace_at_draw(kernel, samples, model_args, model_kwargs, batch_ndims=2):
+    """The model traced once with every subsample plate at all its N indices and the latent sites
+    at the first draw of ``samples``: no site is sampled, so improper priors (``ImproperUniform``)
+    trace, and each plate site records the size the model declares for these arguments."""
     from .potential import _SetPlateIndices, as_jax_args
 
     model_args, model_kwargs = as_jax_args((model_args, {} if model_kwargs is None else model_kwargs))
     potential = kernel.potential
-    model = _SetPlateIndices(kernel.subsampled_model, indices=potential.full_indices())
-    tr = handlers.trace(handlers.seed(model, 0)).get_trace(*model_args, **model_kwargs)
+    draw = {k: jnp.asarray(v)[(0,) * batch_ndims] for k, v in samples.items() if k in potential.view.names}
+    model = handlers.substitute(_SetPlateIndices(kernel.subsampled_model, indices=potential.full_indices()), data=draw)
+    return handlers.trace(handlers.seed(model, 0)).get_trace(*model_args, **model_kwargs)
+
+
+def run_model_args(run, samples, model_args=None, model_kwargs=None, batch_ndims=2, name="to_arviz"):
+    """``(model_args, model_kwargs)`` to evaluate a finished run's model with, checked against it.
+
+    Default (both None): the arguments of the run itself, which NumPyro's ``MCMC.run`` keeps
+    (a kernel object shared by several ``MCMC`` runs holds only the latest run's). Either way
+    the model is traced once at the first draw and every subsample plate must declare the size
+    N the run used, and must not be longer than the data it indexes.
+
+    :param run: a finished ``MCMC`` run of a numpyro_sgd kernel, or such a kernel after ``init``.
+    :raises ValueError: naming the plate and both sizes.
+    """
+    from .potential import _check_plate_sizes, as_jax_args
+
+    kernel = getattr(run, "sampler", run)
+    given = model_args is not None or model_kwargs is not None
+    if not given:
+        if hasattr(run, "sampler"):
+            model_args, model_kwargs = getattr(run, "_args", ()), getattr(run, "_kwargs", {})
+        else:
+            model_args, model_kwargs = kernel.run_args
+    model_args, model_kwargs = as_jax_args((tuple(model_args or ()), dict(model_kwargs or {})))
+    trace = _trace_at_draw(kernel, samples, model_args, model_kwargs, batch_ndims)
+    for plate in kernel.potential.plates:
+        size = int(trace[plate.name]["args"][0]) if plate.name in trace else None
+        if size == plate.size:
+            continue
+        if given:
+            raise ValueError(
+                f"{name}: plate '{plate.name}' has size {size} with the model arguments given, but the run used "
+                f"N = {plate.size}; pass the run's own model arguments, or none (the run's are used).")
+        raise ValueError(
+            f"{name}: plate '{plate.name}' has size {size} with this run's model arguments, but the kernel was "
+            f"initialised since with N = {plate.size} (a later MCMC run on other data with the same kernel "
+            "object), so its plates no longer describe this run. Export each run before the next run of a shared "
+            "kernel, or give each MCMC its own kernel.")
+    try:
+        _check_plate_sizes(kernel.potential, model_args, model_kwargs)
+    except ValueError as e:
+        raise ValueError(f"{name}: the model arguments do not fit the run: {e}") from e
+    return model_args, model_kwargs
+
+
+def _observed_data(kernel, samples, model_args, model_kwargs):
+    tr = _trace_at_draw(kernel, samples, model_args, model_kwargs)
+    potential = kernel.potential
     out = {}
     for sites in potential.observed.values():
         for k in sites:
@@ -231,7 +283,9 @@ def to_arviz(mcmc, *args, chunk_size=10_000, log_likelihood="auto", **kwargs):
     attributes ``num_divergences`` and ``data_passes`` of the final state.
 
     :param mcmc: a finished :class:`numpyro.infer.MCMC` run of a numpyro_sgd kernel.
-    :param args, kwargs: the model arguments (default: those of the last ``mcmc.run``).
+    :param args, kwargs: the model arguments (default: those of ``mcmc``'s own last ``run``, even
+        if its kernel object was used by another ``MCMC`` since). Their plate sizes must be those
+        of the run (:func:`run_model_args`; a ``ValueError`` otherwise).
     :param int chunk_size: data points per evaluation of the log-likelihood.
     :param log_likelihood: ``True``: add ``log_likelihood`` and ``observed_data``; ``False``: leave
         them out; ``"auto"`` (default): add them only if chains × draws × N × 4 bytes (summed over
@@ -241,8 +295,8 @@ def to_arviz(mcmc, *args, chunk_size=10_000, log_likelihood="auto", **kwargs):
     :return: ``arviz.InferenceData`` (ArviZ 0.23) or ``xarray.DataTree`` (ArviZ 1.x).
     """
     kernel = _kernel_of(mcmc)
-    if not args and not kwargs:
-        args, kwargs = kernel.run_args
+    if getattr(mcmc, "_states", None) is None or not kernel.is_initialized:
+        raise ValueError("to_arviz: this MCMC has not been run; call mcmc.run(rng_key, *model_args) first.")
     samples = {k: np.asarray(v) for k, v in mcmc.get_samples(group_by_chain=True).items()}
     groups = {"posterior": samples}
     extra = {k: np.asarray(v) for k, v in mcmc.get_extra_fields(group_by_chain=True).items()}
@@ -271,8 +325,9 @@ def to_arviz(mcmc, *args, chunk_size=10_000, log_likelihood="auto", **kwargs):
                 "numpyro_sgd.loo_subsample for leave-one-out cross-validation at large N.",
                 UserWarning, stacklevel=find_stack_level())
     if log_likelihood:
+        args, kwargs = run_model_args(mcmc, samples, *((args, kwargs) if args or kwargs else (None, None)))
         groups["log_likelihood"] = pointwise_log_likelihood(kernel, samples, args, kwargs, chunk_size)
-        groups["observed_data"] = _observed_data(kernel, args, kwargs)
+        groups["observed_data"] = _observed_data(kernel, samples, args, kwargs)
     attrs = {
         "inference_library": "numpyro_sgd",
         "kernel": type(kernel).__name__,
@@ -354,6 +409,75 @@ def _divergences(run):
         return -1
 
 
+def _check_sites(runs, names):
+    """The first run's site arrays, after checking that every run has the sites ``names``."""
+    first = None
+    for name, run in runs.items():
+        arrays = _site_arrays(run)
+        missing = [k for k in names if k not in arrays]
+        if missing:
+            raise ValueError(f"compare: run {name!r} has no site {missing[0]!r} (its sites: {sorted(arrays)}); pass "
+                             "names=[...] with the sites that every run and the reference share.")
+        first = arrays if first is None else first
+    return first
+
+
+def _reference_draws(reference, first, names):
+    """The reference's draws of ``names`` as a dict of (chains, draws, ...) arrays: a site of
+    shape (draws, ...) (the event shape of the runs' site, no chain dimension) is one chain."""
+    arrays = _site_arrays(reference)
+    out = {}
+    for k in names:
+        if k not in arrays:
+            raise ValueError(f"compare: the reference has no site {k!r} (its sites: {sorted(arrays)}); pass "
+                             "names=[...] with the sites that every run and the reference share.")
+        a, event = arrays[k], first[k].shape[2:]
+        if a.ndim == len(event) + 1 and a.shape[1:] == event:
+            a = a[None]
+        elif a.ndim != len(event) + 2 or a.shape[2:] != event:
+            raise ValueError(
+                f"compare: the reference's site {k!r} has shape {a.shape}; expected (chains, draws) + {event} or "
+                f"(draws,) + {event}, the shape of the runs' draws of {k!r}.")
+        out[k] = a
+    return out
+
+
+def _gaussian_problem(who, fit, labels):
+    """A warning text if the Gaussian ``fit`` = (mean, cov) of ``who``'s unconstrained draws has a
+    non-finite moment or a coordinate of zero variance (None if not)."""
+    mean, cov = fit
+    var = np.diag(cov)
+    bad = ~(np.isfinite(mean) & np.isfinite(var))
+    if np.any(bad):
+        j = int(np.argmax(bad))
+        return (f"compare: {who} has non-finite moments in {labels[j]} (mean {mean[j]:.3g}, variance {var[j]:.3g}, "
+                "unconstrained): its draws are non-finite or so large that their moments overflow (a run that "
+                "diverged), so its KL and moment errors are NaN or inf. Check the run (divergences, step size) "
+                "before comparing it.")
+    if np.any(var <= 0):
+        j = int(np.argmax(var <= 0))
+        return (f"compare: {who} has zero variance in {labels[j]} (unconstrained): every draw is the same there "
+                "(a frozen chain: every step rejected, a step size of 0, or a preconditioner that freezes the "
+                "direction), so its Gaussian fit is singular and its KL is inf.")
+    return None
+
+
+def _kl_pair(q, ref, problem, who, labels):
+    """(KL(q ‖ ref), KL(ref ‖ q)) of two Gaussian fits, with a warning instead of an error where a
+    fit is degenerate: NaN for non-finite moments, inf for a singular covariance."""
+    if problem is None:
+        try:
+            return gaussian_kl(q, ref), gaussian_kl(ref, q)
+        except np.linalg.LinAlgError:  # a zero-variance direction that no coordinate shows alone
+            vals, vecs = np.linalg.eigh(q[1])
+            problem = (f"compare: {who} has a zero-variance direction (its covariance is singular; the direction "
+                       f"loads most on {labels[int(np.argmax(np.abs(vecs[:, 0])))]}, unconstrained): the chain "
+                       "never moved along it, so its KL is inf.")
+    warnings.warn(problem, UserWarning, stacklevel=find_stack_level())
+    value = float("nan") if "non-finite" in problem else float("inf")
+    return value, value
+
+
 def nuts_reference(run, *, num_warmup=1000, num_samples=1000, num_chains=None, rng_key=None, **nuts_options):
     """A full-data NUTS run of the model of a numpyro_sgd ``run``: the same model (its
     subsample plates set to all N indices: :attr:`~numpyro_sgd.SGKernel.model`) and the same
@@ -368,7 +492,7 @@ def nuts_reference(run, *, num_warmup=1000, num_samples=1000, num_chains=None, r
     from numpyro.infer import MCMC, NUTS
 
     kernel = _kernel_of(run)
-    args, kwargs = kernel.run_args
+    args, kwargs = run_model_args(run, run.get_samples(group_by_chain=True), name="nuts_reference")
     nuts = MCMC(NUTS(kernel.model, **nuts_options), num_warmup=num_warmup, num_samples=num_samples,
                 num_chains=run.num_chains if num_chains is None else num_chains, chain_method="sequential",
                 progress_bar=False)
@@ -412,26 +536,37 @@ def compare(runs, reference, *, names=None, transforms=None, wall_times=None, da
     if names is None:
         src = next(iter(runs.values())) if gaussian_ref else reference
         names = sorted(k for k in _site_arrays(src) if k in (transforms or _site_arrays(src)))
+    first = _check_sites(runs, names)
     if gaussian_ref:
         ref_u = fit_gaussian(reference)
         ref_mean, ref_sd = ref_u[0], np.sqrt(np.diag(ref_u[1]))
     else:
-        ref_c = draws_of(reference, names).reshape(-1, sum(
-            int(np.prod(_site_arrays(reference)[k].shape[2:], dtype=int)) for k in names))
-        ref_u = draws_of(reference, names, transforms, unconstrained=True)
-        ref_u = ref_u.reshape(-1, ref_u.shape[-1])
-        ref_mean, ref_sd = ref_c.mean(0), ref_c.std(0, ddof=1)
+        reference = _reference_draws(reference, first, names)
+        with np.errstate(all="ignore"):
+            ref_c = draws_of(reference, names).reshape(-1, sum(
+                int(np.prod(reference[k].shape[2:], dtype=int)) for k in names))
+            ref_u = draws_of(reference, names, transforms, unconstrained=True)
+            ref_u = fit_gaussian(ref_u.reshape(-1, ref_u.shape[-1]))
+            ref_mean, ref_sd = ref_c.mean(0), ref_c.std(0, ddof=1)
+    labels = _labels(first, names)
+    ref_problem = _gaussian_problem("the reference", ref_u, labels)
     rows = {}
     for name, run in runs.items():
-        u = draws_of(run, names, transforms, unconstrained=True)
-        c = u if gaussian_ref else draws_of(run, names)
-        mean_err, sd_err = moment_errors(c, ref_mean, ref_sd)
-        bulk, tail = _ess(draws_of(run, names))
+        with np.errstate(all="ignore"):
+            u = fit_gaussian(draws_of(run, names, transforms, unconstrained=True))
+        problem = ref_problem or _gaussian_problem(f"run {name!r}", u, labels)
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            if problem:  # NaN / inf below come with the warning that says why
+                warnings.simplefilter("ignore", RuntimeWarning)
+            c = draws_of(run, names, transforms, unconstrained=True) if gaussian_ref else draws_of(run, names)
+            mean_err, sd_err = moment_errors(c, ref_mean, ref_sd)
+            bulk, tail = _ess(draws_of(run, names))
+        kl_q_ref, kl_ref_q = _kl_pair(u, ref_u, problem, f"run {name!r}", labels)
         wall = (wall_times or {}).get(name, float("nan"))
         passes = (data_passes or {}).get(name, _data_passes(run))
         rows[name] = {
-            "kl_q_ref": gaussian_kl(u, ref_u),
-            "kl_ref_q": gaussian_kl(ref_u, u),
+            "kl_q_ref": kl_q_ref,
+            "kl_ref_q": kl_ref_q,
             "max_mean_err_sd": mean_err,
             "max_sd_rel_err": sd_err,
             "min_ess_bulk": bulk,
@@ -706,7 +841,7 @@ def check_run(mcmc, *, gradient=True, warn=True):
 
 
 def _mode_offset_messages(kernel, mcmc, state, draws, name):
-    model_args, model_kwargs = kernel.run_args
+    model_args, model_kwargs = run_model_args(mcmc, mcmc.get_samples(group_by_chain=True), name="check_run")
     flat = np.concatenate([draws[k] for k in kernel.potential.view.names], axis=-1)  # (chains, draws, D)
     hyperparameters = getattr(kernel, "hyperparameters", None)
     messages = []

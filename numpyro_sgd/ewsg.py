@@ -26,10 +26,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax.numpy as jnp
-import numpy as np
 from jax import lax, random
 
-from .base import SGAlgorithm, SGKernel, StepInfo, is_positive_scalar
+from .base import SGAlgorithm, SGKernel, StepInfo
 from .diffusions import overdamped_langevin, underdamped_langevin, underdamped_langevin_matrix_friction
 from .index_chain import (
     X_ESTIMATES,
@@ -40,6 +39,7 @@ from .index_chain import (
     select_minibatch,
 )
 from .noise import TARGET_INFLATION, check_target_inflation, sghmc_steps, sgld_step_size
+from .validation import check_int, check_positive
 from .warmup import pop_warmup_options, with_default_steps
 
 __all__ = [
@@ -152,14 +152,12 @@ def overdamped_ewsg_step(rng_key, theta, minibatch_grad, step_size, num_index_st
 # ---------------------------------------------------------------------------- validation
 def check_friction(name, friction):
     """Raise unless γ is a positive scalar (SGHMC and the EWSG kernels)."""
-    if not is_positive_scalar(friction):
-        raise ValueError(f"{name}: friction must be a positive float (γ; σ² = 2γ), got {friction!r}.")
+    return check_positive(name, "friction", friction, "a positive float (γ; σ² = 2γ)")
 
 
 def check_step_size(name, step_size):
     """Raise unless h (or ε) is a positive scalar."""
-    if not is_positive_scalar(step_size):
-        raise ValueError(f"{name}: step_size must be a positive float, got {step_size!r}.")
+    return check_positive(name, "step_size", step_size)
 
 
 # ---------------------------------------------------------------------------- default steps
@@ -209,12 +207,9 @@ class _IndexChainKernel(SGKernel):
         allowed_x = tuple(X_ESTIMATES) if underdamped else ("zero",)
         if step_size is not None or not default_steps:
             check_step_size(name, step_size)
-        if (isinstance(num_index_steps, bool) or not isinstance(num_index_steps, (int, np.integer))
-                or num_index_steps < 0):
-            raise ValueError(
-                f"{name}: num_index_steps must be an integer >= 0 (M, the Metropolis steps over minibatches per "
-                f"step; 0 gives the uniform-minibatch sampler), got {num_index_steps!r}."
-            )
+        num_index_steps = check_int(name, "num_index_steps", num_index_steps, minimum=0, what=(
+            "an integer >= 0 (M, the Metropolis steps over minibatches per step; 0 gives the uniform-minibatch "
+            "sampler)"))
         if not isinstance(x_estimate, str) or x_estimate not in allowed_x:
             raise ValueError(f"{name}: x_estimate must be one of {allowed_x}, got {x_estimate!r}.")
         if num_index_steps > 0 and self._warmup_subsample == "shuffle":
@@ -647,9 +642,8 @@ class EWSGVR(_IndexChainKernel):
                  x_estimate="momentum", chunk_size=4096, **kwargs):
         super().__init__(model, step_size, num_index_steps, underdamped=True, friction=friction, x_estimate=x_estimate,
                          **kwargs)
-        for arg, value in (("calibration_period", calibration_period), ("chunk_size", chunk_size)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"{type(self).__name__}: {arg} must be an integer >= 1, got {value!r}.")
+        calibration_period = check_int(type(self).__name__, "calibration_period", calibration_period)
+        chunk_size = check_int(type(self).__name__, "chunk_size", chunk_size)
         self._options.update(calibration_period=int(calibration_period), chunk_size=int(chunk_size),
                              name=type(self).__name__)
 

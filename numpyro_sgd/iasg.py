@@ -22,9 +22,10 @@ import jax.numpy as jnp
 from jax.scipy.linalg import cho_solve
 from numpyro.util import find_stack_level
 
-from .base import SGAlgorithm, SGKernel, StepInfo, is_positive_scalar, pick_chain
+from .base import SGAlgorithm, SGKernel, StepInfo, pick_chain
 from .noise import apply_preconditioner, fisher_curvature, regularized_cholesky, resolve_preconditioner
 from .theory import averaged_variance_shortfall, iasg_validity, iterate_average_covariance
+from .validation import check_int, check_number, check_positive
 from .warmup import WarmupState, check_warmup_options, noise_warmup
 
 __all__ = ["IASG", "IASGState", "ValidityWarning", "iasg", "default_step_product"]
@@ -358,12 +359,11 @@ class IASG(SGKernel):
             preconditioner = "scalar"
         if preconditioner not in IASG_PRECONDITIONERS:
             raise ValueError(f"IASG: unknown preconditioner {preconditioner!r}; choose one of {IASG_PRECONDITIONERS}.")
-        if step_size is not None and not is_positive_scalar(step_size):
-            raise ValueError(f"IASG: step_size must be a positive float or None (default rule), got {step_size!r}.")
-        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-            raise ValueError(
-                f"IASG: window must be an integer >= 1 (SG steps averaged per sample; default N/S), got {window!r}."
-            )
+        step_size = check_positive("IASG", "step_size", step_size, "a positive float or None (default rule)",
+                                   allow_none=True)
+        window = check_int("IASG", "window", window, allow_none=True,
+                           what="an integer >= 1 (SG steps averaged per sample; default N/S)")
+        window_error = check_number("IASG", "window_error", window_error)
         super().__init__(model, **kwargs)
         self._warmup_options = check_warmup_options(
             "IASG", noise_estimator, adam_fraction, noise_window, adam_lr, warmup_max_step)

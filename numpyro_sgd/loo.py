@@ -38,7 +38,7 @@ import numpy as np
 from jax import random
 from numpyro.util import find_stack_level
 
-from .diagnostics import _arviz, fit_gaussian, log_likelihood_chunks
+from .diagnostics import _arviz, fit_gaussian, log_likelihood_chunks, run_model_args
 
 __all__ = ["APPROXIMATIONS", "LooSubsample", "loo_subsample", "compare_loo"]
 
@@ -165,15 +165,13 @@ def _resolve(run, samples, model_args, model_kwargs, batch_ndims):
             raise ValueError("loo_subsample: a kernel needs its samples; call loo_subsample(kernel, samples, ...).")
         samples = run.get_samples(group_by_chain=True)
         batch_ndims = 2
-    if model_args is None and model_kwargs is None:
-        model_args, model_kwargs = kernel.run_args
-    model_args = () if model_args is None else tuple(model_args)
-    model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
     missing = set(kernel.potential.view.names) - set(samples)
     if missing:
         raise ValueError(f"loo_subsample: samples lack the latent sites {sorted(missing)}; pass draws of every "
                          "latent site (constrained, as mcmc.get_samples() returns them).")
     samples = {k: np.asarray(v) for k, v in samples.items() if k in kernel.potential.view.names}
+    # the run's own arguments (not those of a later run of the same kernel), plate sizes checked
+    model_args, model_kwargs = run_model_args(run, samples, model_args, model_kwargs, batch_ndims, "loo_subsample")
     return kernel, samples, model_args, model_kwargs, batch_ndims
 
 

@@ -125,7 +125,7 @@ def noise_estimator(method, subsample_sizes, dim, full=False):
             size = g.shape[0]
             if method == "pooled":
                 # Welford with a batch of S rows (Chan et al. parallel update)
-                n_old = state.count * size
+                n_old = state.count * float(size)  # float: count·S overflows int32 in long warmups
                 batch_mean = jnp.mean(g, axis=0)
                 dev = g - batch_mean
                 delta = batch_mean - m
@@ -151,7 +151,7 @@ def noise_estimator(method, subsample_sizes, dim, full=False):
         out = []
         for s2, size in zip(state.second, subsample_sizes):
             if method == "pooled":
-                cov = s2 / jnp.maximum(state.count * size - 1, 1)
+                cov = s2 / jnp.maximum(state.count * float(size) - 1.0, 1.0)  # float: no int32 overflow
             else:
                 cov = s2
             out.append(cov / size)  # Q_p = Cov_n / S_p

@@ -36,6 +36,8 @@ from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.util import constrain_fn, potential_energy
 from numpyro.primitives import Messenger
 
+from .validation import check_model_args, check_param_values
+
 __all__ = ["PlateInfo", "SubsampledPotential", "MinibatchOracle", "SUBSAMPLE_METHODS"]
 
 #: How minibatch indices are drawn. ``"with_replacement"`` (default) draws S i.i.d. uniform
@@ -65,8 +67,9 @@ class _SetPlateIndices(Messenger):
     substituted length differs from the declared subsample_size (e.g. for one index).
     """
 
-    def __init__(self, fn=None, indices=None, promote=None):
+    def __init__(self, fn=None, indices=None, promote=None, name="numpyro_sgd"):
         self.indices = indices
+        self.name = name
         self.promote = {} if promote is None else promote
         self.found = {}
         #: {name: size} of the plates that do not subsample (discovery mode), and those of them
@@ -74,11 +77,25 @@ class _SetPlateIndices(Messenger):
         self.full_plates, self.declared_full = {}, []
         super().__init__(fn)
 
+    def postprocess_message(self, msg):
+        # discovery: a numpyro.param outside its constraint is refused before the model uses it
+        if self.indices is None and msg["type"] == "param":
+            check_param_values(self.name, {msg["name"]: msg["value"]},
+                               {msg["name"]: msg["kwargs"].get("constraint", real)})
+
     def process_message(self, msg):
         if msg["type"] != "plate":
             return
         size, subsample_size = msg["args"]
         name = msg["name"]
+        if self.indices is None and subsample_size is not None and (
+                isinstance(subsample_size, (bool, np.bool_)) or not isinstance(subsample_size, (int, np.integer))):
+            raise ValueError(
+                f"numpyro_sgd: plate '{name}' has subsample_size={subsample_size!r} ({type(subsample_size).__name__}), "
+                f"not an integer; declare numpyro.plate('{name}', {size}, subsample_size=S) with an int S"
+                + (f", e.g. subsample_size={int(subsample_size)}." if isinstance(subsample_size, float)
+                   and subsample_size.is_integer() else ".")
+            )
         if self.indices is None:
             if (subsample_size is None or subsample_size == size) and name in self.promote:
                 subsample_size = min(self.promote[name], size)  # the kernel's S for a full plate
@@ -184,7 +201,12 @@ class SubsampledPotential:
         kernel substitutes, so the potential stays unbiased.
         """
         model_kwargs = {} if model_kwargs is None else model_kwargs
+        check_model_args(kernel_name, model_args, model_kwargs)
+        # NumPy data become JAX arrays, as in every later trace: under pmap (chain_method="parallel")
+        # the plate's indices are tracers, which a NumPy array cannot be indexed with
+        model_args, model_kwargs = as_jax_args((model_args, model_kwargs))
         rng_key = random.key(0) if rng_key is None else rng_key
+        promote = {}
         tr, finder = _discover(model, model_args, model_kwargs, rng_key, init_strategy, kernel_name)
         if not finder.found and subsample_size is not None:
             # the model's plates do not subsample (NumPyro's `subsample_size=None` pattern, one
@@ -200,6 +222,14 @@ class SubsampledPotential:
                     "can be substituted."
                 ) from e
         plates = _override_subsample_sizes(tuple(finder.found.values()), subsample_size, kernel_name)
+        if not plates and finder.declared_full and finder.declared_full[0] in promote:
+            name = finder.declared_full[0]
+            raise ValueError(
+                f"{kernel_name}: subsample_size={promote[name]} is at least the size N = {finder.full_plates[name]} "
+                f"of plate '{name}', so every step would be a full-data gradient (full-batch gradient descent or "
+                "Langevin) with no minibatch noise to estimate. Use NUTS for full-batch sampling, or a "
+                "subsample_size below N."
+            )
         if not plates and finder.declared_full:
             name = finder.declared_full[0]
             raise ValueError(
@@ -336,7 +366,8 @@ class SubsampledPotential:
         values = dict(self.param_values)
         if params is not None:
             values.update(params)
-        return handlers.substitute(self.model, data=values) if values else self.model
+        model = _explain_tracer_errors(self.model, self.kernel_name)
+        return handlers.substitute(model, data=values) if values else model
 
     def potential(self, theta, indices, model_args=(), model_kwargs=None, params=None):
         """Û at flat θ with the plates substituted by ``indices`` (NumPyro's N/len(idx) scale)."""
@@ -515,10 +546,39 @@ def _in_open_support(transform, u):
     return ok
 
 
+#: what JAX raises when a model turns a traced value into a NumPy array or a Python value
+TRACER_ERRORS = (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError,
+                 jax.errors.TracerIntegerConversionError)
+
+
+def _explain_tracer_errors(model, kernel_name):
+    """``model``, re-raising JAX's tracer-conversion errors with the likely cause and the fix.
+
+    The kernel traces the model with its array arguments (compiled init,
+    ``jit_model_args=True``, ``chain_method="parallel"``) and always with traced minibatch
+    indices; NUTS traces a model without subsample plates only with concrete data, so NumPy or
+    Python logic on the data that works there fails here with a jaxpr dump.
+    """
+    def explained(*args, **kwargs):
+        try:
+            return model(*args, **kwargs)
+        except TRACER_ERRORS as err:
+            raise TypeError(
+                f"{kernel_name}: the model calls NumPy or Python on a value the sampler traces "
+                f"({type(err).__name__}): its array arguments and the plate's minibatch indices are JAX tracers "
+                "here, so e.g. len(np.unique(group)), int(x.max()) or a NumPy array closed over by the model and "
+                "indexed with the plate's indices cannot run; compute such sizes outside the model and pass them "
+                "as Python ints (n_groups=len(np.unique(group))), and use jnp, or pass the data as model "
+                "arguments, for array operations."
+            ) from err
+
+    return explained
+
+
 def _discover(model, model_args, model_kwargs, rng_key, init_strategy, kernel_name, promote=None):
     """Trace ``model`` once in discovery mode: ``(trace, finder)`` (``finder.found``: its subsample
     plates; ``promote``: full plates to treat as subsampled with the given S)."""
-    finder = _SetPlateIndices(promote=promote)
+    finder = _SetPlateIndices(promote=promote, name=kernel_name)
     traced = handlers.trace(handlers.substitute(handlers.seed(finder(model), rng_key), substitute_fn=init_strategy))
     try:
         return traced.get_trace(*model_args, **model_kwargs), finder

@@ -29,6 +29,7 @@ from jax.flatten_util import ravel_pytree
 from .base import SGAlgorithm, SGKernel, StepInfo, is_positive_scalar, renamed_keyword
 from .noise import TARGET_INFLATION, check_target_inflation, santa_step_size
 from .schedules import polynomial_annealing
+from .validation import check_int, check_number, check_positive
 from .warmup import pop_warmup_options, with_default_steps
 
 __all__ = ["Santa", "SantaKernelState", "SantaState", "santa", "santa_algorithm", "santa_init", "santa_step",
@@ -355,17 +356,17 @@ class Santa(SGKernel):
                 "Santa: anneal=True needs a step_size (η): the default step size bounds the sampling error at "
                 "β = 1 (target_inflation), which has no meaning for an annealed optimizer; pass e.g. step_size=1e-5."
             )
-        if step_size is not None and not is_positive_scalar(step_size):
-            raise ValueError(f"Santa: step_size (η) must be a positive float or None (set in warmup), "
-                             f"got {step_size!r}.")
-        decay = renamed_keyword("Santa", "decay", decay, 0.999, "sigma", sigma)
+        step_size = check_positive("Santa", "step_size", step_size, "a positive float (η) or None (set in warmup)",
+                                   allow_none=True)
+        decay = check_number("Santa", "decay", renamed_keyword("Santa", "decay", decay, 0.999, "sigma", sigma))
+        damping = check_number("Santa", "damping", damping)
         _check_hyper("Santa", decay, damping, scheme)
         if schedule is not None:
             _check_schedule(schedule, "Santa", must_grow=anneal)
-        if burnin is not None and (not isinstance(burnin, int) or burnin < 0):
-            raise ValueError(f"Santa: burnin must be a non-negative integer number of SG steps, got {burnin!r}.")
-        if thermostat_init is not None and not is_positive_scalar(thermostat_init):
-            raise ValueError(f"Santa: thermostat_init (C) must be > 0 or None, got {thermostat_init!r}.")
+        burnin = check_int("Santa", "burnin", burnin, minimum=0, allow_none=True,
+                           what="a non-negative integer number of SG steps")
+        thermostat_init = check_positive("Santa", "thermostat_init", thermostat_init, "> 0 (C) or None",
+                                         allow_none=True)
         self._options = dict(step_size=None if step_size is None else float(step_size), anneal=bool(anneal),
                              schedule=schedule, burnin=burnin, decay=float(decay), damping=float(damping),
                              scheme=scheme, thermostat_init=thermostat_init,

@@ -8,9 +8,51 @@ optax lacks are defined here.
 
 from __future__ import annotations
 
-import jax.numpy as jnp
+import math
+from dataclasses import dataclass
 
-__all__ = ["robbins_monro", "polynomial_annealing", "as_schedule"]
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["robbins_monro", "polynomial_annealing", "as_schedule", "check_schedule", "RobbinsMonro",
+           "PolynomialAnnealing", "Constant"]
+
+#: SG steps at which :func:`check_schedule` evaluates a schedule (the run's length is not known
+#: when a kernel is built; a schedule that reaches ε ≤ 0 within 10⁶ steps is refused)
+CHECK_STEPS = (0, 1, 10, 100, 1_000, 10_000, 100_000, 1_000_000)
+
+
+@dataclass(frozen=True)
+class RobbinsMonro:
+    """ε_t = ``scale`` (``offset`` + t)^(−``power``) as a picklable value (see :func:`robbins_monro`)."""
+
+    scale: float
+    offset: float
+    power: float
+
+    def __call__(self, count):
+        return self.scale * (self.offset + jnp.asarray(count)) ** (-self.power)
+
+
+@dataclass(frozen=True)
+class PolynomialAnnealing:
+    """β_t = ``scale`` · max(t, 1)^``power`` as a picklable value (see :func:`polynomial_annealing`)."""
+
+    power: float
+    scale: float
+
+    def __call__(self, t):
+        return self.scale * jnp.maximum(jnp.asarray(t, jnp.float32), 1.0) ** self.power
+
+
+@dataclass(frozen=True)
+class Constant:
+    """The constant schedule t -> ``value`` (picklable)."""
+
+    value: object
+
+    def __call__(self, count):
+        return self.value
 
 
 def robbins_monro(scale, offset=1.0, power=0.55):
@@ -28,10 +70,7 @@ def robbins_monro(scale, offset=1.0, power=0.55):
     if not offset > 0:
         raise ValueError(f"robbins_monro: offset must be > 0, got {offset}.")
 
-    def schedule(count):
-        return scale * (offset + jnp.asarray(count)) ** (-power)
-
-    return schedule
+    return RobbinsMonro(scale, offset, power)
 
 
 def polynomial_annealing(power=0.5, scale=1.0):
@@ -41,9 +80,35 @@ def polynomial_annealing(power=0.5, scale=1.0):
         raise ValueError(f"polynomial_annealing: power must be > 0 (β_t must grow), got {power}.")
     if not scale > 0:
         raise ValueError(f"polynomial_annealing: scale must be > 0, got {scale}.")
-    return lambda t: scale * jnp.maximum(jnp.asarray(t, jnp.float32), 1.0) ** power
+    return PolynomialAnnealing(power, scale)
 
 
 def as_schedule(value):
     """A float or a schedule as a schedule (``count -> value``)."""
-    return value if callable(value) else (lambda count: value)
+    return value if callable(value) else Constant(value)
+
+
+def check_schedule(name, argument, schedule, steps=CHECK_STEPS):
+    """Refuse a rate schedule that is not finite and > 0 at the SG steps ``steps``, evaluated once
+    on the host before any compute: a step size ε_t ≤ 0 freezes the chain (or runs it
+    backwards) and a non-finite one makes every step from there on a rejected step.
+
+    :param str name: the kernel, for the message. :param str argument: the argument's name.
+    :param schedule: a callable ``count -> value``; a float or None is not a schedule and passes
+        (the kernels check those themselves).
+    :param steps: the SG steps to evaluate it at (default :data:`CHECK_STEPS`, 0 … 10⁶).
+    :raises ValueError: naming the first step whose value is not finite and > 0.
+    """
+    if not callable(schedule):
+        return
+    for step in steps:
+        value = np.asarray(schedule(jnp.asarray(step)), dtype=float)
+        bad = ~(np.isfinite(value) & (value > 0))
+        if np.any(bad):
+            first = float(value.reshape(-1)[np.argmax(bad.reshape(-1))])
+            shown = "inf" if first == math.inf else "-inf" if first == -math.inf else f"{first:.4g}"
+            raise ValueError(
+                f"{name}: the {argument} schedule gives ε_t = {shown} at SG step {step} (it must stay finite and "
+                "> 0: ε_t ≤ 0 freezes the chain, a non-finite ε_t rejects every step from there on). Use a "
+                "schedule that stays positive, e.g. robbins_monro(a, b, γ), or optax.exponential_decay(..., "
+                "end_value=...) / optax.linear_schedule(..., end_value=...) with end_value > 0.")

@@ -19,7 +19,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 from jax import lax, random
 
-from .base import SGAlgorithm, SGKernel, StepInfo, is_positive_scalar, pick_chain
+from .base import SGAlgorithm, SGKernel, StepInfo, pick_chain
 from .noise import (
     NoiseState,
     discrete_time_correction,
@@ -29,6 +29,7 @@ from .noise import (
     sgfs_direction,
     sgfs_preconditioner,
 )
+from .validation import check_int, check_positive
 from .warmup import WarmupState, WarmupSummary, check_warmup_options, noise_warmup
 
 __all__ = ["SGFS", "SGFSState", "sgfs", "sgfs_step"]
@@ -162,7 +163,8 @@ class SGFS(SGKernel):
     ==============================  ==========================================================
     paper                           here (U units: P = ε H / N, Q = N² C / S)
     ==============================  ==========================================================
-    ε (Mandt Eq. 35)                ``step_size`` (default 1; only scales the cap ε h_max)
+    ε (Mandt Eq. 35)                ``step_size`` (default 1; only scales the cap ε h_max, so it
+                                    is refused without ``max_step``)
     h_max (Mandt Cor. 2)            ``max_step``: every H_kk ≤ h_max
     BBᵀ = C/S                       Q, estimated in warmup and online (Ahn's empirical Fisher)
     EEᵀ                             Ξ ε / N², chosen by the stability rule
@@ -190,7 +192,8 @@ class SGFS(SGKernel):
     :param model: NumPyro model with a subsample plate.
     :param str preconditioner: ``"full"``, ``"diag"`` or ``"auto"`` (default: ``"full"`` up to D = 1000,
         ``"diag"`` above; :data:`~numpyro_sgd.noise.AUTO_FULL_MAX_DIM`).
-    :param float step_size: Mandt's ε > 0 (default 1).
+    :param float step_size: Mandt's ε > 0 (default 1); only with ``max_step``, since ε H* does not
+        depend on ε (Eq. 36) and ε only scales the cap ε·h_max (a ``ValueError`` otherwise).
     :param float max_step: h_max > 0 (default: no cap).
     :param int refresh_every: SG steps between refactorisations of M (default 1 for diag, 10 for full).
     :param bool online: keep averaging Q during sampling (Ahn et al.; default True). Costs the
@@ -222,12 +225,16 @@ class SGFS(SGKernel):
                  warmup_max_step=1.0, **kwargs):
         if preconditioner not in ("auto", "full", "diag"):
             raise ValueError(f"SGFS: unknown preconditioner {preconditioner!r}; choose 'full', 'diag' or 'auto'.")
-        if step_size is not None and not is_positive_scalar(step_size):
-            raise ValueError(f"SGFS: step_size must be a positive float (Mandt's ε), got {step_size!r}.")
-        if max_step is not None and not is_positive_scalar(max_step):
-            raise ValueError(f"SGFS: max_step (h_max) must be a positive float or None (no cap), got {max_step!r}.")
-        if refresh_every is not None and (not isinstance(refresh_every, int) or refresh_every < 1):
-            raise ValueError(f"SGFS: refresh_every must be an integer >= 1, got {refresh_every!r}.")
+        step_size = check_positive("SGFS", "step_size", step_size, "a positive float (Mandt's ε)", allow_none=True)
+        max_step = check_positive("SGFS", "max_step", max_step, "a positive float (h_max) or None (no cap)",
+                                  allow_none=True)
+        if step_size is not None and max_step is None:
+            # with E = 0, ε H* = (2/N)(BBᵀ)⁻¹ (Eq. 36): ε cancels; it enters only the cap ε·h_max
+            raise ValueError(
+                f"SGFS: step_size={step_size!r} has no effect without max_step: the KL-optimal preconditioner "
+                "H* = (2/N)(ε BBᵀ + EEᵀ)⁻¹ (Mandt Eq. 36) makes the step ε H* independent of ε, which only scales "
+                "the step cap ε·h_max. Pass max_step=h_max as well to cap the step (Cor. 2), or leave step_size out.")
+        refresh_every = check_int("SGFS", "refresh_every", refresh_every, allow_none=True)
         super().__init__(model, **kwargs)
         self._warmup_options = check_warmup_options(
             "SGFS", noise_estimator, adam_fraction, noise_window, adam_lr, warmup_max_step)

@@ -13,11 +13,12 @@ from typing import NamedTuple
 import jax.numpy as jnp
 from jax import random
 
-from .base import SGAlgorithm, SGKernel, StepInfo, is_positive_scalar, renamed_keyword
+from .base import SGAlgorithm, SGKernel, StepInfo, renamed_keyword
 from .diffusions import overdamped_langevin
 from .ewsg import check_step_size, overdamped_ewsg_update, with_default_overdamped_step
 from .noise import TARGET_INFLATION, check_target_inflation, sgld_step_size
-from .schedules import robbins_monro
+from .schedules import check_schedule, robbins_monro
+from .validation import check_number, check_positive
 from .warmup import pop_warmup_options, with_default_steps
 
 __all__ = ["SGLD", "SGLDState", "PSGLD", "PSGLDState", "sgld", "psgld", "sgld_step", "psgld_step", "robbins_monro"]
@@ -146,13 +147,12 @@ class SGLD(SGKernel):
         name = type(self).__name__
         warmup_options = pop_warmup_options(name, kwargs, step_size is None)
         super().__init__(model, **kwargs)
-        if step_size is not None and not callable(step_size) and not is_positive_scalar(step_size):
-            raise ValueError(
-                f"{name}: step_size must be a positive float or a schedule (count -> step size), or None to set it "
-                f"from the gradient noise in warmup, got {step_size!r}."
-            )
-        if not temperature > 0:
-            raise ValueError(f"{name}: temperature must be > 0, got {temperature}.")
+        if not callable(step_size):
+            step_size = check_positive(name, "step_size", step_size, allow_none=True, what=(
+                "a positive float or a schedule (count -> step size), or None to set it from the gradient noise in "
+                "warmup"))
+        temperature = check_positive(name, "temperature", temperature, "> 0")
+        check_schedule(name, "step_size", step_size)  # a schedule: finite and > 0 at steps 0 … 10⁶
         self._step_size = step_size
         self._temperature = temperature
         self._options = dict(target_inflation=check_target_inflation(name, target_inflation), name=name,
@@ -280,11 +280,10 @@ class PSGLD(SGKernel):
         super().__init__(model, **kwargs)
         if step_size is not None:
             check_step_size("PSGLD", step_size)
-        decay = renamed_keyword("PSGLD", "decay", decay, 0.99, "alpha", alpha)
+        decay = check_number("PSGLD", "decay", renamed_keyword("PSGLD", "decay", decay, 0.99, "alpha", alpha))
         if not 0 < decay < 1:
             raise ValueError(f"PSGLD: decay (the RMSprop decay α) must lie in (0, 1), got {decay}.")
-        if not damping > 0:
-            raise ValueError(f"PSGLD: damping (λ) must be > 0, got {damping}.")
+        damping = check_positive("PSGLD", "damping", damping, "> 0 (λ)")
         self._options = dict(step_size=None if step_size is None else float(step_size), decay=float(decay),
                              damping=float(damping), target_inflation=check_target_inflation("PSGLD", target_inflation),
                              **warmup_options)

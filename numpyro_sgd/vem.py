@@ -14,17 +14,21 @@ type-II maximum-likelihood λ when q is the exact posterior.
 
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax import lax, random
 from numpyro.distributions import biject_to
+from numpyro.util import find_stack_level
 
-from .base import SGAlgorithm, SGKernel, is_positive_scalar
-from .potential import _FlatView
+from .base import SGAlgorithm, SGKernel
+from .potential import _FlatView, _in_open_support
 from .schedules import robbins_monro
+from .validation import check_number, check_positive
 
 __all__ = ["VariationalEM", "VariationalEMState", "variational_em", "robbins_monro_rate"]
 
@@ -44,15 +48,25 @@ class VariationalEMState(NamedTuple):
     hyper: jnp.ndarray
     #: optax state of the λ updates
     hyper_state: tuple
+    #: λ-steps not taken because λ would have left the open support of its constraint (e.g.
+    #: exp(log λ) overflowing to inf or underflowing to 0.0) or become non-finite
+    num_hyper_rejected: jnp.ndarray
 
 
-def variational_em(inner, constrain, optimizer):
+def variational_em(inner, constrain, optimizer, in_support=None):
     """Variational EM around an algorithm (Mandt et al. Eq. 26): the θ-steps of ``inner`` at λ_t,
     then λ_{t+1} = λ_t + optimizer(∇_λ Û_S(θ_t; λ_t)) on the step's minibatch (``info.indices``).
+
+    A λ-step whose new λ is non-finite, or (``in_support``) whose constrained value leaves the
+    open support, or whose gradient is non-finite, is not taken: λ keeps its last value, the
+    optimizer state advances (so a decreasing rate keeps decreasing; not after a non-finite
+    gradient), and ``num_hyper_rejected`` counts it. O(dim λ) per step.
 
     :param SGAlgorithm inner: the wrapped algorithm.
     :param constrain: flat unconstrained λ -> ``{param name: value}``.
     :param optimizer: optax ``GradientTransformation`` whose updates are added to λ.
+    :param in_support: flat unconstrained λ -> bool, whether every constrained value lies inside
+        the open support (default: only finiteness of λ is checked).
     :return: :class:`~numpyro_sgd.base.SGAlgorithm` with state :class:`VariationalEMState`.
     """
 
@@ -62,11 +76,22 @@ def variational_em(inner, constrain, optimizer):
     def hyper_step(state, theta, indices, oracle):
         """λ ← λ − ρ_t ∇_λ Û_S(θ; λ) on ``indices`` (Eq. 26), through the optax update."""
         grad = jax.grad(lambda h: oracle.with_params(constrain(h)).potential_energy(theta, indices))(state.hyper)
+        finite_grad = jnp.all(jnp.isfinite(grad))
         updates, hyper_state = optimizer.update(grad, state.hyper_state, state.hyper)
-        return state._replace(hyper=optax.apply_updates(state.hyper, updates), hyper_state=hyper_state)
+        hyper = optax.apply_updates(state.hyper, updates)
+        ok = finite_grad & jnp.all(jnp.isfinite(hyper))
+        if in_support is not None:
+            ok = ok & in_support(hyper)
+        # a rejected λ-step keeps λ (the driver would reject the θ-step of a non-finite λ, and a
+        # λ on the edge of its support, e.g. exp(log λ) = inf or 0.0, poisons every later step);
+        # the optimizer state advances unless the gradient itself was non-finite
+        hyper_state = jax.tree.map(lambda n, o: jnp.where(finite_grad, n, o), hyper_state, state.hyper_state)
+        return state._replace(hyper=jnp.where(ok, hyper, state.hyper), hyper_state=hyper_state,
+                              num_hyper_rejected=state.num_hyper_rejected + (~ok))
 
     def init(rng_key, theta, num_warmup_steps, hyper):
-        return VariationalEMState(inner.init(rng_key, theta, num_warmup_steps), hyper, optimizer.init(hyper))
+        return VariationalEMState(inner.init(rng_key, theta, num_warmup_steps), hyper, optimizer.init(hyper),
+                                  jnp.zeros((), jnp.int32))
 
     def warmup_step(rng_key, step, theta, state, oracle):
         # λ is held during warmup: the kernel optimises θ there (Adam, mode finding), and a joint
@@ -125,6 +150,8 @@ def variational_em(inner, constrain, optimizer):
     def describe(state):
         text = inner.describe(state.inner) if inner.describe is not None else ""
         values = ", ".join(f"{k} {float(jnp.ravel(v)[0]):.3g}" for k, v in constrain(state.hyper).items())
+        rejected = int(jnp.sum(state.num_hyper_rejected))
+        values += f", {rejected} λ-steps rejected" if rejected else ""
         return f"{text}, {values}" if text else values
 
     return SGAlgorithm(init, warmup_step, sample_step, end_warmup, window=inner.window, start_block=start_block,
@@ -176,6 +203,11 @@ class VariationalEM(SGKernel):
     (any optax ``GradientTransformation`` whose updates are *added* to λ, e.g.
     ``optax.sgd(optax.polynomial_schedule(...))``) to replace it.
 
+    **Guard.** A λ-step whose constrained λ would leave the open support of its constraint
+    (exp(log λ) overflowing to inf or underflowing to 0.0, e.g. with a far too large
+    ``hyper_step_size``) or become non-finite is not taken; ``kernel_state.num_hyper_rejected``
+    counts such steps and :meth:`hyperparameters` warns when there are any.
+
     **Outputs.** ``kernel.hyperparameters(mcmc.last_state)`` returns the final λ on the
     constrained scale as a dict keyed by param name (a leading chain dimension with
     ``chain_method="vectorized"``; with ``"sequential"``/``"parallel"`` chains
@@ -199,11 +231,9 @@ class VariationalEM(SGKernel):
                 "VariationalEM: `kernel` must be a numpyro_sgd kernel built on the model, e.g. "
                 f"VariationalEM(ConstantSGD(model)); got {type(kernel).__name__}."
             )
-        if not is_positive_scalar(hyper_step_size):
-            raise ValueError(f"VariationalEM: hyper_step_size (ρ₀) must be a positive float, got {hyper_step_size!r}.")
-        if not is_positive_scalar(hyper_offset):
-            raise ValueError(f"VariationalEM: hyper_offset (t₀) must be a positive float, got {hyper_offset!r}.")
-        if not 0.5 < hyper_decay <= 1:
+        check_positive("VariationalEM", "hyper_step_size", hyper_step_size, "a positive float (ρ₀)")
+        check_positive("VariationalEM", "hyper_offset", hyper_offset, "a positive float (t₀)")
+        if not 0.5 < check_number("VariationalEM", "hyper_decay", hyper_decay) <= 1:
             raise ValueError(
                 f"VariationalEM: hyper_decay (κ) must lie in (0.5, 1] for a Robbins–Monro schedule "
                 f"(Σρ = ∞, Σρ² < ∞), got {hyper_decay!r}."
@@ -236,6 +266,12 @@ class VariationalEM(SGKernel):
         unconstrained = self._hyper_view(potential).unravel(hyper)
         return {k: biject_to(potential.param_constraints[k])(v) for k, v in unconstrained.items()}
 
+    def _in_support(self, hyper, potential):
+        """Whether every constrained λ lies inside the open support of its constraint (O(dim λ))."""
+        unconstrained = self._hyper_view(potential).unravel(hyper)
+        checks = [_in_open_support(biject_to(potential.param_constraints[k]), u) for k, u in unconstrained.items()]
+        return jnp.all(jnp.stack(checks))
+
     def _build(self, potential):
         if not potential.param_values:
             raise ValueError(
@@ -244,7 +280,7 @@ class VariationalEM(SGKernel):
                 "constraints.positive), or run the kernel without VariationalEM."
             )
         algorithm = variational_em(self._inner.build(potential), lambda h: self._constrain(h, potential),
-                                   self._optimizer())
+                                   self._optimizer(), lambda h: self._in_support(h, potential))
         view = self._hyper_view(potential)
 
         def init(rng_key, theta, num_warmup_steps):
@@ -258,12 +294,40 @@ class VariationalEM(SGKernel):
     def hyperparameters(self, state_or_trace):
         """λ on the constrained scale, ``{param name: value}``.
 
+        Given a state whose λ-steps were partly rejected (λ would have left the open support of
+        its constraint, e.g. exp(log λ) = inf or 0.0: usually a ``hyper_step_size`` too large), a
+        ``UserWarning`` says how many; λ is then the last accepted value.
+
         :param state_or_trace: a state (``mcmc.last_state``; vectorized chains give a leading
-            chain dimension) or an array of flattened unconstrained λ with any leading shape
-            (the extra field ``"kernel_state.hyper"``).
+            chain dimension), an array of flattened unconstrained λ with any leading shape (the
+            extra field ``"kernel_state.hyper"``), or the dict ``mcmc.get_extra_fields()`` holding
+            that field.
         """
-        hyper = state_or_trace.kernel_state.hyper if hasattr(state_or_trace, "kernel_state") else state_or_trace
-        hyper = jnp.asarray(hyper)
+        name = "VariationalEM.hyperparameters"
+        if isinstance(state_or_trace, dict):
+            if "kernel_state.hyper" not in state_or_trace:
+                raise TypeError(
+                    f"{name}: got a dict with keys {sorted(state_or_trace)}; pass mcmc.last_state, or the λ trace "
+                    "mcmc.get_extra_fields()['kernel_state.hyper'] of a run with extra_fields=('kernel_state.hyper',) "
+                    "(a dict of constrained values is already λ: nothing to convert).")
+            state_or_trace = state_or_trace["kernel_state.hyper"]
+        if hasattr(state_or_trace, "kernel_state"):
+            ks = state_or_trace.kernel_state
+            if not hasattr(ks, "hyper"):
+                raise TypeError(f"{name}: the state is not a VariationalEM state (its kernel_state has no λ).")
+            rejected = int(np.sum(np.asarray(ks.num_hyper_rejected)))
+            if rejected:
+                steps = int(np.sum(np.maximum(np.asarray(state_or_trace.i) - np.asarray(
+                    state_or_trace.num_warmup_steps), 0)))
+                warnings.warn(
+                    f"VariationalEM: {rejected} λ-steps were rejected (in {steps} sampling SG steps): λ would have "
+                    "left the open support "
+                    "of its constraint (e.g. exp(log λ) = inf or 0.0) or become non-finite, so λ is its last accepted "
+                    "value, not a converged one. Lower hyper_step_size (ρ₀ is a step length on λ's unconstrained "
+                    "scale; the default is 0.05) or pass a gentler hyper_optimizer.",
+                    UserWarning, stacklevel=find_stack_level())
+            state_or_trace = ks.hyper
+        hyper = jnp.asarray(state_or_trace)
         lead = hyper.shape[:-1]
         flat = hyper.reshape((-1, hyper.shape[-1]))
         out = jax.vmap(self._constrain)(flat)

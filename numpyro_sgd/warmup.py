@@ -43,6 +43,7 @@ from numpyro.util import find_stack_level
 from .base import StepInfo
 from .noise import NOISE_ESTIMATORS, NoiseState, fisher_curvature, psd_part, resolve_preconditioner, sampling_noise
 from .noise import noise_estimator as make_noise_estimator
+from .validation import check_number
 
 __all__ = ["WarmupState", "WarmupSummary", "NoiseWarmup", "noise_warmup", "WARMUP_DEFAULTS", "check_warmup_options",
            "warmup_refresh_every", "pop_warmup_options", "with_default_steps"]
@@ -129,6 +130,8 @@ def check_warmup_options(name, noise_estimator=None, adam_fraction=0.4, noise_wi
     """Validate the warmup options in a kernel's ``__init__`` (before any compute); returns them as a dict."""
     if noise_estimator is not None and noise_estimator not in NOISE_ESTIMATORS:
         raise ValueError(f"{name}: unknown noise_estimator {noise_estimator!r}; choose one of {NOISE_ESTIMATORS}.")
+    adam_fraction, noise_window, warmup_max_step = (check_number(name, arg, value) for arg, value in (
+        ("adam_fraction", adam_fraction), ("noise_window", noise_window), ("warmup_max_step", warmup_max_step)))
     if not (0 <= adam_fraction < 1 and 0 < noise_window <= 1 - adam_fraction):
         raise ValueError(
             f"{name}: need 0 <= adam_fraction < 1 and 0 < noise_window <= 1 - adam_fraction, "
@@ -200,7 +203,7 @@ def noise_warmup(potential, full, name, noise_estimator=None, adam_fraction=0.4,
         pe, grad, per_example = oracle.per_example_grads(theta, indices)
         # uncentred second moment of ∇Û_S: Σ_p mean_n(g_{p,n} g_{p,n}ᵀ) / S_p (diagonal: O(S D))
         if full:
-            uncentred = sum(g.T @ g / g.shape[0] ** 2 for g in per_example)
+            uncentred = sum(g.T @ g / float(g.shape[0]) ** 2 for g in per_example)  # float: S² overflows int32
         else:
             uncentred = sum(jnp.mean(g**2, axis=0) / g.shape[0] for g in per_example)
         # the phases from the run's warmup length, which the driver gives unbatched (a branch
