@@ -56,6 +56,7 @@ from .potential import (
     _split_arrays,
     as_jax_args,
 )
+from .sharding import DataParallelOracle, check_mesh
 from .validation import check_init_params, check_int, check_positive  # noqa: F401 - re-exported
 
 __all__ = ["SGState", "SGKernel", "SGAlgorithm", "StepInfo", "MinibatchOracle", "is_positive_scalar",
@@ -328,12 +329,21 @@ class SGKernel(MCMCKernel):
     :param subsample_size: minibatch size S to use instead of the one the model's plate declares
         (an int for every subsample plate, or ``{plate name: S}``); the N/S scaling follows. Lets
         you pick the throughput-optimal S without editing the model (see the README).
+    :param mesh: a ``jax.sharding.Mesh`` over which the data rows are split (``None``: one device).
+        Each device then draws its S/k minibatch rows among its own N/k rows and the step
+        all-reduces one D-vector (:mod:`numpyro_sgd.sharding`); pass the data sharded along
+        ``mesh_axis`` (``jax.device_put(X, NamedSharding(mesh, P("data")))``) and run
+        ``MCMC(..., jit_model_args=True)`` so that they stay where they are.
+    :param str mesh_axis: the mesh axis the rows are split over.
     """
 
     sample_field = "z"
+    #: whether ``mesh=`` is supported (False for kernels that draw indices by their own rule)
+    supports_mesh = True
 
     def __init__(self, model, *, steps_per_sample=None, subsample="with_replacement",
-                 warmup_subsample=None, init_strategy=init_to_uniform, subsample_size=None, warmup_passes=None):
+                 warmup_subsample=None, init_strategy=init_to_uniform, subsample_size=None, warmup_passes=None,
+                 mesh=None, mesh_axis="data"):
         name = type(self).__name__
         if not callable(model):
             raise TypeError(f"{name}: `model` must be a NumPyro model (a callable), got {type(model).__name__}.")
@@ -367,6 +377,13 @@ class SGKernel(MCMCKernel):
             sizes = {k: check_int(name, "subsample_size", v, what=what) for k, v in sizes.items()}
             subsample_size = sizes if isinstance(subsample_size, dict) else sizes[None]
         self._subsample_size = subsample_size
+        if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
+            raise TypeError(f"{name}: mesh must be a jax.sharding.Mesh (e.g. Mesh(jax.devices(), ('data',))), got "
+                            f"{type(mesh).__name__}.")
+        if mesh is not None and not self.supports_mesh:
+            raise ValueError(f"{name}: mesh= is not supported: this kernel draws its minibatch indices by its own "
+                             "rule, which a per-device stratified draw would change.")
+        self._mesh, self._mesh_axis = mesh, mesh_axis
         self._potential = None
         self._run_args = ((), {})
         self._static_args = ({}, {})
@@ -443,7 +460,8 @@ class SGKernel(MCMCKernel):
         ``warmup_passes``; None where the kernel chooses), e.g. for a wrapper to pass on."""
         return dict(steps_per_sample=self._steps_per_sample_option, subsample=self._subsample,
                     warmup_subsample=self._warmup_subsample, init_strategy=self._init_strategy,
-                    subsample_size=self._subsample_size, warmup_passes=self._warmup_passes)
+                    subsample_size=self._subsample_size, warmup_passes=self._warmup_passes,
+                    mesh=self._mesh, mesh_axis=self._mesh_axis)
 
     def build(self, potential):
         """The kernel's :class:`SGAlgorithm` for a traced model (what wrappers compose)."""
@@ -625,6 +643,9 @@ class SGKernel(MCMCKernel):
             self._run_args = (model_args, model_kwargs)
             self._static_args = _python_scalars(model_args, model_kwargs)
         potential = self._potential
+        if self._mesh is not None:
+            check_mesh(type(self).__name__, self._mesh, self._mesh_axis, potential, self._subsample,
+                       self._warmup_subsample)
         self._check_problem_size()
         self._warn_short_blocks()
         if not _is_tracer((model_args, model_kwargs)):
@@ -712,6 +733,10 @@ class SGKernel(MCMCKernel):
 
     # ------------------------------------------------------------------ transition
     def _oracle(self, state, model_args, model_kwargs, method, num_warmup_steps=None):
+        if self._mesh is not None:
+            return DataParallelOracle(self._mesh, self._mesh_axis, self.potential, model_args, model_kwargs, method,
+                                      state.i, random.wrap_key_data(state.shuffle_key),
+                                      num_warmup_steps=num_warmup_steps)
         return MinibatchOracle(self.potential, model_args, model_kwargs, method, state.i,
                                random.wrap_key_data(state.shuffle_key), num_warmup_steps=num_warmup_steps)
 

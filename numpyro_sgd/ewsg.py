@@ -198,6 +198,8 @@ class _IndexChainKernel(SGKernel):
     ``default_steps=True`` (EWSG, OverdampedEWSG) a step size or friction of None is set by the
     noise warmup, and ``target_inflation`` and the warmup options are validated and passed on."""
 
+    supports_mesh = False
+
     def __init__(self, model, step_size, num_index_steps, *, underdamped, friction=None, x_estimate="zero",
                  default_steps=False, target_inflation=TARGET_INFLATION, **kwargs):
         name = type(self).__name__
