@@ -1,0 +1,190 @@
+"""SGWithinGibbs against the exact posterior of a hierarchical normal model, and hyper-site detection.
+
+Model: μ ~ N(0, 10²), τ ~ HalfNormal(2), z_j ~ N(μ, τ²) (j = 1..J), y_ij ~ N(z_j, σ²) with σ known
+and n rows per group, subsampled by the data plate. Given τ, (μ, z) | y is Gaussian (the group
+means ȳ_j are sufficient, ȳ_j | z_j ~ N(z_j, σ²/n)), and p(τ | y) ∝ p(τ) N(ȳ; 0, diag(τ² + σ²/n) + 10² 11ᵀ)
+is one-dimensional: the exact posterior moments are a quadrature over τ of Gaussian moments.
+σ = 5 with n = 250 makes the prior curvature 1/τ² of z comparable with the likelihood's n/σ² = 10,
+so a preconditioner frozen at one τ is wrong at another (measured without the per-sample
+re-derivation: the chain diverges to |z| ~ 10¹⁵⁰).
+"""
+
+import arviz as az
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from numpyro.infer import MCMC
+from numpyro.infer.reparam import LocScaleReparam
+
+from numpyro_sgd import ConstantSGD, MinibatchOracle, SGWithinGibbs, hyper_candidates
+from numpyro_sgd.base import pick_chain
+
+J, N_PER_GROUP, S, SIGMA, PRIOR_SD_MU = 8, 250, 100, 5.0, 10.0
+#: z of the z·MCSE tolerances: two-sided normal tail 6·10⁻⁵ per check, ~10 checks with fixed seeds
+Z = 4.0
+
+
+def centred(g, y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, PRIOR_SD_MU))
+    tau = numpyro.sample("tau", dist.HalfNormal(2.0))
+    with numpyro.plate("groups", J):
+        z = numpyro.sample("z", dist.Normal(mu, tau))
+    with numpyro.plate("data", y.shape[0], subsample_size=S) as idx:
+        numpyro.sample("y", dist.Normal(z[g[idx]], SIGMA), obs=y[idx])
+
+
+def non_centred_reparam(g, y):
+    with numpyro.handlers.reparam(config={"z": LocScaleReparam(0)}):
+        centred(g, y)
+
+
+def non_centred_by_hand(g, y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, PRIOR_SD_MU))
+    tau = numpyro.sample("tau", dist.HalfNormal(2.0))
+    with numpyro.plate("groups", J):
+        z_raw = numpyro.sample("z_raw", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", y.shape[0], subsample_size=S) as idx:
+        numpyro.sample("y", dist.Normal(mu + tau * z_raw[g[idx]], SIGMA), obs=y[idx])
+
+
+def no_hyper(g, y):
+    z = numpyro.sample("z", dist.Normal(0.0, 1.0).expand([J]).to_event(1))
+    with numpyro.plate("data", y.shape[0], subsample_size=S) as idx:
+        numpyro.sample("y", dist.Normal(z[g[idx]], SIGMA), obs=y[idx])
+
+
+def horseshoe(x, y):
+    tau = numpyro.sample("tau", dist.HalfCauchy(1.0))
+    lam = numpyro.sample("lam", dist.HalfCauchy(jnp.ones(x.shape[1])).to_event(1))
+    beta = numpyro.sample("beta", dist.Normal(0.0, tau * lam).to_event(1))
+    with numpyro.plate("data", x.shape[0], subsample_size=S) as idx:
+        numpyro.sample("y", dist.Normal(x[idx] @ beta, 1.0), obs=y[idx])
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    g = np.repeat(np.arange(J), N_PER_GROUP)
+    y = rng.normal((1.0 + rng.normal(size=J))[g], SIGMA)
+    return jnp.asarray(g), jnp.asarray(y)
+
+
+def exact_posterior(g, y):
+    """Posterior means and sds of μ, τ and z by quadrature over log τ (see the module docstring)."""
+    g, y = np.asarray(g), np.asarray(y)
+    ybar = np.array([y[g == j].mean() for j in range(J)])
+    v = SIGMA**2 / N_PER_GROUP
+    log_taus = np.linspace(np.log(0.01), np.log(20.0), 3000)
+    logw, m1, m2 = [], [], []
+    for tau in np.exp(log_taus):
+        precision = np.zeros((J + 1, J + 1))
+        precision[0, 0] = 1 / PRIOR_SD_MU**2 + J / tau**2
+        precision[0, 1:] = precision[1:, 0] = -1 / tau**2
+        precision[1:, 1:] = np.eye(J) * (1 / tau**2 + 1 / v)
+        cov = np.linalg.inv(precision)
+        mean = cov @ np.concatenate([[0.0], ybar / v])
+        marginal = np.diag(np.full(J, tau**2 + v)) + PRIOR_SD_MU**2
+        log_prior = float(dist.HalfNormal(2.0).log_prob(tau)) + np.log(tau)  # density on the log τ grid
+        logw.append(log_prior - 0.5 * np.linalg.slogdet(marginal)[1] - 0.5 * ybar @ np.linalg.solve(marginal, ybar))
+        m1.append(np.concatenate([mean, [tau]]))
+        m2.append(np.concatenate([np.diag(cov) + mean**2, [tau**2]]))
+    w = np.exp(np.array(logw) - max(logw))
+    w /= w.sum()
+    mean, second = w @ np.array(m1), w @ np.array(m2)
+    sd = np.sqrt(second - mean**2)
+    names = ["mu"] + [f"z[{j}]" for j in range(J)] + ["tau"]
+    return dict(zip(names, mean)), dict(zip(names, sd))
+
+
+@pytest.fixture(scope="module")
+def gibbs_run(data):
+    kernel = SGWithinGibbs(ConstantSGD(centred))
+    mcmc = MCMC(kernel, num_warmup=200, num_samples=600, num_chains=2, chain_method="vectorized", progress_bar=False)
+    mcmc.run(jax.random.key(0), *data)
+    return kernel, mcmc
+
+
+def test_hierarchical_normal_matches_exact_posterior(data, gibbs_run):
+    kernel, mcmc = gibbs_run
+    assert kernel.hyper_sites == ("mu", "tau")
+    samples = {k: np.asarray(v) for k, v in mcmc.get_samples(group_by_chain=True).items()}
+    draws = {"mu": samples["mu"], "tau": samples["tau"], **{f"z[{j}]": samples["z"][..., j] for j in range(3)}}
+    means, sds = exact_posterior(*data)
+    # tolerance = Z · MCSE, the MCSE from ArviZ (bulk ESS for the mean; the sd's own MCSE, which
+    # also uses the ESS). ConstantSGD's law at fixed (μ, τ) is the Gaussian z | μ, τ, y exactly
+    # (discrete-time corrected P re-derived at each τ) up to its warmup noise estimate, whose
+    # error is not added: the test fails if the sds are off by more than the Monte Carlo error.
+    for name, x in draws.items():
+        idata = az.convert_to_dataset({name: x})
+        mcse_mean = float(az.mcse(idata, method="mean")[name])
+        mcse_sd = float(az.mcse(idata, method="sd")[name])
+        assert abs(x.mean() - means[name]) < Z * mcse_mean, (name, x.mean(), means[name], mcse_mean)
+        assert abs(x.std() - sds[name]) < Z * mcse_sd, (name, x.std(), sds[name], mcse_sd)
+
+
+def test_hyper_update_touches_no_data(gibbs_run):
+    kernel, mcmc = gibbs_run
+    state = mcmc.last_state
+    # 20 warmup passes + one pass (N/S SG steps) per returned sample: the 800 φ updates add nothing
+    np.testing.assert_array_equal(np.asarray(state.data_passes), 20.0 + 600.0)
+    assert int(np.sum(state.num_divergences)) == 0
+
+
+def test_inner_tuning_follows_the_hyperparameters(data, gibbs_run):
+    """The frozen ConstantSGD preconditioner of the last state is the one its end_warmup gives at
+    the last (μ, τ), not at the end-of-warmup values (without the per-sample re-derivation a P tuned
+    for a large τ makes PA > 2 when τ drops: measured at σ = 8, |z| ~ 10¹⁵⁰)."""
+    kernel, mcmc = gibbs_run
+    state = pick_chain(mcmc.last_state, 0)
+    zpot = kernel.z_potential
+    z = zpot.view.ravel({k: state.z[k] for k in zpot.view.names})
+    hyper = {k: kernel.potential.transforms[k](state.z[k]) for k in kernel.hyper_sites}
+    oracle = MinibatchOracle(zpot, data, {}, params=hyper)
+    inner = state.kernel_state.inner
+    expected = kernel.inner_kernel.build(zpot).end_warmup(z, inner, oracle).preconditioner
+    np.testing.assert_allclose(inner.preconditioner, expected, rtol=1e-8)
+    # and it differs from the tuning at another τ (the check can fail)
+    other = oracle.with_params({**hyper, "tau": 3.0 * hyper["tau"]})
+    assert not np.allclose(kernel.inner_kernel.build(zpot).end_warmup(z, inner, other).preconditioner, expected,
+                           rtol=1e-3)
+
+
+@pytest.mark.parametrize("model, expected", [
+    (centred, ["mu", "tau"]),
+    (non_centred_reparam, []),
+    (non_centred_by_hand, []),
+    (no_hyper, []),
+], ids=["centred", "non-centred-reparam", "non-centred-by-hand", "no-hyper"])
+def test_hyper_candidates(data, model, expected):
+    assert hyper_candidates(model, *data) == expected
+
+
+def test_hyper_candidates_horseshoe():
+    x = jnp.asarray(np.random.default_rng(1).normal(size=(1000, 4)))
+    assert hyper_candidates(horseshoe, x, jnp.zeros(1000)) == ["lam", "tau"]
+
+
+@pytest.mark.parametrize("model, hyper_sites, match", [
+    (centred, ["tua"], r"hyper_sites names \['tua'\], which are not latent sample sites"),
+    (centred, ["mu", "z"], r"hyper site 'z' is a parent of the observed site 'y'"),
+    (non_centred_by_hand, None, r"no hyperparameter site .* write the group effects centred"),
+], ids=["unknown-name", "parent-of-data", "non-centred"])
+def test_bad_hyper_sites_raise_before_compute(data, model, hyper_sites, match):
+    mcmc = MCMC(SGWithinGibbs(ConstantSGD(model), hyper_sites), num_warmup=10, num_samples=10, progress_bar=False)
+    with pytest.raises(ValueError, match=match):
+        mcmc.run(jax.random.key(0), *data)
+
+
+@pytest.mark.parametrize("args, error, match", [
+    (dict(kernel="not a kernel"), TypeError, "`kernel` must be a numpyro_sgd sampling kernel"),
+    (dict(hyper_sites=3), TypeError, "hyper_sites must be None"),
+    (dict(target_accept_prob=1.5), ValueError, r"target_accept_prob must lie in \(0, 1\)"),
+    (dict(max_tree_depth=0), ValueError, r"max_tree_depth must be an integer in \[1, 15\]"),
+], ids=["kernel", "hyper_sites-type", "target_accept_prob", "max_tree_depth"])
+def test_bad_arguments_raise_at_construction(args, error, match):
+    kernel = args.pop("kernel", None) or ConstantSGD(centred)
+    with pytest.raises(error, match=match):
+        SGWithinGibbs(kernel, **args)
