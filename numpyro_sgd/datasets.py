@@ -49,6 +49,8 @@ __all__ = [
     "load_mnist",
     "load_covtype",
     "unit_length_columns",
+    "process_rows",
+    "load_process_rows",
 ]
 
 #: environment variable that overrides the default data folder
@@ -408,3 +410,41 @@ def unit_length_columns(X):
             "rescaled; drop them first."
         )
     return X / norms
+
+
+# ---------------------------------------------------------------------------- one process's rows
+def process_rows(num_rows, process_index=None, process_count=None):
+    """The contiguous block of rows this process holds when ``num_rows`` rows are split evenly
+    over the processes of a ``jax.distributed`` run, in the order of a mesh built from
+    ``jax.devices()`` (one device per process, or the same number each).
+
+    :param int num_rows: N, divisible by the process count.
+    :param process_index, process_count: default ``jax.process_index()`` and ``jax.process_count()``.
+    :return: ``slice(p·N/P, (p+1)·N/P)``.
+    """
+    import jax
+
+    p = jax.process_index() if process_index is None else process_index
+    count = jax.process_count() if process_count is None else process_count
+    if num_rows % count:
+        raise ValueError(f"process_rows: {num_rows} rows do not split evenly over {count} processes; trim or pad "
+                         "the data to a multiple of the process count.")
+    per = num_rows // count
+    return slice(p * per, (p + 1) * per)
+
+
+def load_process_rows(path, mesh, axis="data", dtype=None):
+    """A global ``jax.Array`` of the ``.npy`` file ``path``, sharded along ``axis`` of ``mesh``, of
+    which this process reads only its own rows (:func:`process_rows`; the file is memory-mapped, so
+    the other processes' rows are never read). Every process calls it with the same arguments.
+
+    :param path: a ``.npy`` file of shape (N, ...), N divisible by the process count.
+    :param mesh: the ``jax.sharding.Mesh`` of the run (``SGKernel(..., mesh=mesh)``).
+    :param dtype: convert the local rows to this dtype (e.g. ``np.float32``); default: the file's.
+    """
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    data = np.load(path, mmap_mode="r")
+    local = np.ascontiguousarray(data[process_rows(data.shape[0])], dtype=dtype)
+    return jax.make_array_from_process_local_data(NamedSharding(mesh, PartitionSpec(axis)), local, data.shape)
