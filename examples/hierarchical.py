@@ -21,6 +21,7 @@ sd ratios, the largest group-latent mean error in NUTS sds, and wall times.
 
 import argparse
 import time
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -35,23 +36,28 @@ from numpyro_sgd import ConstantSGD, SGWithinGibbs, hyper_candidates
 HYPER = ("mu_a", "sigma_a", "mu_b", "sigma_b")
 
 
-def centred(pid, weeks, fvc, num_patients, subsample_size=None):
-    mu_a = numpyro.sample("mu_a", dist.Normal(0.0, 500.0))
-    sigma_a = numpyro.sample("sigma_a", dist.HalfNormal(100.0))
-    mu_b = numpyro.sample("mu_b", dist.Normal(0.0, 3.0))
-    sigma_b = numpyro.sample("sigma_b", dist.HalfNormal(3.0))
+#: the notebook's prior scales (FVC in ml, weeks), and unit ones for standardised data
+PRIORS = {"raw": (500.0, 100.0, 3.0, 3.0, 100.0), "standardised": (5.0, 1.0, 3.0, 1.0, 1.0)}
+
+
+def centred(pid, weeks, fvc, num_patients, subsample_size=None, priors=PRIORS["raw"]):
+    s_mu_a, s_sigma_a, s_mu_b, s_sigma_b, s_sigma = priors
+    mu_a = numpyro.sample("mu_a", dist.Normal(0.0, s_mu_a))
+    sigma_a = numpyro.sample("sigma_a", dist.HalfNormal(s_sigma_a))
+    mu_b = numpyro.sample("mu_b", dist.Normal(0.0, s_mu_b))
+    sigma_b = numpyro.sample("sigma_b", dist.HalfNormal(s_sigma_b))
     with numpyro.plate("patients", num_patients):
         a = numpyro.sample("a", dist.Normal(mu_a, sigma_a))
         b = numpyro.sample("b", dist.Normal(mu_b, sigma_b))
-    sigma = numpyro.sample("sigma", dist.HalfNormal(100.0))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(s_sigma))
     with numpyro.plate("data", fvc.shape[0], subsample_size=subsample_size) as idx:
         p = pid[idx]
         numpyro.sample("obs", dist.Normal(a[p] + b[p] * weeks[idx], sigma), obs=fvc[idx])
 
 
-def non_centred(pid, weeks, fvc, num_patients, subsample_size=None):
+def non_centred(pid, weeks, fvc, num_patients, subsample_size=None, priors=PRIORS["raw"]):
     with numpyro.handlers.reparam(config={"a": LocScaleReparam(0), "b": LocScaleReparam(0)}):
-        centred(pid, weeks, fvc, num_patients, subsample_size)
+        centred(pid, weeks, fvc, num_patients, subsample_size, priors)
 
 
 def simulate(num_patients, rows, seed=0):
@@ -100,18 +106,26 @@ def main():
     parser.add_argument("--subsample-size", type=int, default=500)
     parser.add_argument("--num-samples", type=int, default=1000)
     parser.add_argument("--skip-plain", action="store_true", help="skip the plain ConstantSGD runs")
+    parser.add_argument("--standardise", action="store_true",
+                        help="centre and scale FVC and weeks to unit sd (priors on the unit scale)")
     args = parser.parse_args()
     numpyro.enable_x64()
     pid, weeks, fvc = simulate(args.patients, args.rows)
+    priors = PRIORS["raw"]
+    if args.standardise:  # the sampler's warmup moves in absolute units: give it unit-scale data
+        fvc, weeks = (fvc - fvc.mean()) / fvc.std(), (weeks - weeks.mean()) / weeks.std()
+        priors = PRIORS["standardised"]
     print(f"{args.patients} patients × {args.rows} rows = {fvc.shape[0]:,} rows, S = {args.subsample_size}")
     data = (pid, weeks, fvc, args.patients)
-    print("hyper candidates: centred", hyper_candidates(centred, *data, args.subsample_size),
-          "| non-centred", hyper_candidates(non_centred, *data, args.subsample_size))
+    centred_model = partial(centred, priors=priors)
+    non_centred_model = partial(non_centred, priors=priors)
+    print("hyper candidates: centred", hyper_candidates(centred_model, *data, args.subsample_size),
+          "| non-centred", hyper_candidates(non_centred_model, *data, args.subsample_size))
 
-    ref, t_nuts, _ = run(NUTS(centred), data, 1000, args.num_samples)
+    ref, t_nuts, _ = run(NUTS(centred_model), data, 1000, args.num_samples)
     print(f"\nNUTS (centred, all rows, 2 chains × 1000 warmup + {args.num_samples}): {t_nuts:.1f} s")
     sg_args = data + (args.subsample_size,)
-    kernel = SGWithinGibbs(ConstantSGD(centred))
+    kernel = SGWithinGibbs(ConstantSGD(centred_model))
     samples, seconds, mcmc = run(kernel, sg_args, 500, args.num_samples)
     ks = mcmc.last_state.kernel_state
     report("SGWithinGibbs(ConstantSGD(centred))", samples, ref, seconds,
@@ -119,9 +133,9 @@ def main():
            f"{int(np.sum(mcmc.last_state.num_divergences))}, φ-NUTS accept {np.asarray(ks.mean_accept_prob).round(2)}, "
            f"φ divergences {np.asarray(ks.num_hyper_divergences)}")
     if not args.skip_plain:
-        for name, model in (("ConstantSGD(centred)", centred), ("ConstantSGD(non_centred)", non_centred)):
+        for name, model in (("ConstantSGD(centred)", centred_model), ("ConstantSGD(non_centred)", non_centred_model)):
             samples, seconds, mcmc = run(ConstantSGD(model), sg_args, 500, args.num_samples)
-            if model is non_centred:  # report the group effects on their natural scale
+            if model is non_centred_model:  # report the group effects on their natural scale
                 samples["a"] = samples["mu_a"][:, None] + samples["sigma_a"][:, None] * samples["a_decentered"]
                 samples["b"] = samples["mu_b"][:, None] + samples["sigma_b"][:, None] * samples["b_decentered"]
             report(name, samples, ref, seconds, f", SG divergences {int(np.sum(mcmc.last_state.num_divergences))}")
