@@ -384,6 +384,7 @@ class SGKernel(MCMCKernel):
             raise ValueError(f"{name}: mesh= is not supported: this kernel draws its minibatch indices by its own "
                              "rule, which a per-device stratified draw would change.")
         self._mesh, self._mesh_axis = mesh, mesh_axis
+        self._hyper_warned = False
         self._potential = None
         self._run_args = ((), {})
         self._static_args = ({}, {})
@@ -620,6 +621,26 @@ class SGKernel(MCMCKernel):
                     f"{ratio:.3g}): the gradient-noise estimate is poor this close to full batch and a "
                     f"minibatch saves little; {fix}.", UserWarning, stacklevel=find_stack_level())
 
+    def _warn_hyper_candidates(self, model_args, model_kwargs):
+        """Warn once when the model has hyperparameter sites (latents whose children are latents
+        only, e.g. a group scale): a constant-rate kernel fits the funnel they form poorly, and
+        :class:`~numpyro_sgd.SGWithinGibbs` samples them exactly. Skipped for one latent site
+        (no site can be another's parent) and for wrappers; costs one dependency trace."""
+        if (getattr(self, "_hyper_warned", False) or len(self._potential.view.names) < 2
+                or hasattr(self, "inner_kernel")):
+            return
+        self._hyper_warned = True
+        from .gibbs import _classify
+
+        candidates = _classify(self._potential, model_args, model_kwargs)[0]
+        if candidates:
+            name = type(self).__name__
+            warnings.warn(
+                f"{name}: the sites {candidates} have no observed child in a subsample plate (group-level "
+                f"hyperparameters, e.g. a group scale): with the group latents they form a funnel that one frozen "
+                f"preconditioner fits poorly. Sample them exactly with SGWithinGibbs({name}(model)), or see the "
+                "README's 'Hierarchical models' for the other routes.", UserWarning, stacklevel=find_stack_level())
+
     def _warn_short_blocks(self):
         """Warn when an explicit ``steps_per_sample`` is far below the relaxation time."""
         relax, k = self._algorithm.relaxation_steps, self._steps_per_sample
@@ -648,6 +669,8 @@ class SGKernel(MCMCKernel):
                        self._warmup_subsample)
         self._check_problem_size()
         self._warn_short_blocks()
+        if not _is_tracer((model_args, model_kwargs)):
+            self._warn_hyper_candidates(model_args, model_kwargs)
         if not _is_tracer((model_args, model_kwargs)):
             self._warn_full_data_steps(model_args, model_kwargs)
         self._warmup_steps_per_iteration = self._warmup_steps(num_warmup)

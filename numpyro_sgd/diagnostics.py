@@ -297,6 +297,7 @@ def to_arviz(mcmc, *args, chunk_size=10_000, log_likelihood="auto", **kwargs):
     kernel = _kernel_of(mcmc)
     if getattr(mcmc, "_states", None) is None or not kernel.is_initialized:
         raise ValueError("to_arviz: this MCMC has not been run; call mcmc.run(rng_key, *model_args) first.")
+    check_run(mcmc, gradient=False)  # warns for rejected steps, R-hat, frozen directions
     samples = {k: np.asarray(v) for k, v in mcmc.get_samples(group_by_chain=True).items()}
     groups = {"posterior": samples}
     extra = {k: np.asarray(v) for k, v in mcmc.get_extra_fields(group_by_chain=True).items()}
@@ -552,6 +553,8 @@ def compare(runs, reference, *, names=None, transforms=None, wall_times=None, da
     ref_problem = _gaussian_problem("the reference", ref_u, labels)
     rows = {}
     for name, run in runs.items():
+        if _is_sg_run(run):
+            check_run(run, gradient=False)  # warns for rejected steps, R-hat, frozen directions
         with np.errstate(all="ignore"):
             u = fit_gaussian(draws_of(run, names, transforms, unconstrained=True))
         problem = ref_problem or _gaussian_problem(f"run {name!r}", u, labels)
@@ -719,6 +722,12 @@ def convergence_curve(run, reference, *, names=None, transforms=None, num_points
 RHAT_MAX, ESS_MIN, MODE_OFFSET_MAX = 1.1, 10.0, 3.0
 
 
+def _is_sg_run(run):
+    from .base import SGKernel
+
+    return isinstance(getattr(run, "sampler", None), SGKernel) and getattr(run, "_states", None) is not None
+
+
 def _unconstrained_draws(kernel, samples):
     """{site: (chains, draws, d)} unconstrained draws of the latent sites, from constrained samples."""
     potential = kernel.potential
@@ -774,7 +783,7 @@ def check_run(mcmc, *, gradient=True, warn=True):
     NumPyro's ``MCMC.run`` gives the kernel no call after its last sample (and a host callback in
     the step would cost a sync per step and keep XLA's compilation cache from storing the loop),
     so these checks run here; :func:`to_arviz` and :func:`compare` run the cheap ones (all but
-    ``gradient``) on every run they are given. The checks:
+    ``gradient``) on every numpyro_sgd run they are given. The checks:
 
     1. *Rejected steps*: SG steps whose potential, gradient or new state was non-finite, or whose
        constrained value left the open support, were not taken (``mcmc.last_state.num_divergences``).

@@ -9,6 +9,8 @@ so a preconditioner frozen at one τ is wrong at another (measured without the p
 re-derivation: the chain diverges to |z| ~ 10¹⁵⁰).
 """
 
+import warnings
+
 import arviz as az
 import jax
 import jax.numpy as jnp
@@ -188,3 +190,16 @@ def test_bad_arguments_raise_at_construction(args, error, match):
     kernel = args.pop("kernel", None) or ConstantSGD(centred)
     with pytest.raises(error, match=match):
         SGWithinGibbs(kernel, **args)
+
+
+def test_plain_kernel_on_a_hierarchical_model_warns(data):
+    """ConstantSGD(model) at init names the hyper sites and SGWithinGibbs (once per kernel object);
+    a model without hyper sites gives no such warning."""
+    kernel = ConstantSGD(centred)
+    with pytest.warns(UserWarning, match=r"\['mu', 'tau'\] have no observed child.*SGWithinGibbs\(ConstantSGD"):
+        kernel.init(jax.random.key(0), 10, None, data, {})
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        ConstantSGD(no_hyper).init(jax.random.key(0), 10, None, data, {})
+        kernel.init(jax.random.key(1), 10, None, data, {})
+    assert not [w for w in record if "no observed child" in str(w.message)]

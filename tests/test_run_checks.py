@@ -16,6 +16,7 @@ import pytest
 from numpyro.infer import MCMC
 
 from numpyro_sgd import SGLD, ConstantSGD, check_run
+from numpyro_sgd.diagnostics import compare, to_arviz
 
 
 def _run(kernel, problem, num_warmup=100, num_samples=300, **kw):
@@ -60,13 +61,19 @@ def test_check_run_flags_warmup_that_missed_the_mode(make_linreg):
 
 def test_check_run_flags_a_frozen_direction(make_linreg):
     """A scalar preconditioner on features whose scales differ 100×: the rate fits the stiff
-    direction, so the other relaxes 10⁴× slower than the run (measured sd ratio 0.05)."""
+    direction, so the other relaxes 10⁴× slower than the run (measured sd ratio 0.05). ``to_arviz``
+    and ``compare`` warn the same."""
     problem = make_linreg(n=2_000, d=2, s=20, rho=0.0, scales=(1.0, 100.0), seed=4)
     mcmc = _run(ConstantSGD(problem.model, "scalar"), problem)
     sd_ratio = np.asarray(mcmc.get_samples()["w"]).std(0) / np.sqrt(np.diag(problem.post_cov))
     assert sd_ratio.min() < 0.3
     messages = check_run(mcmc, gradient=False, warn=False)
     assert any(re.search(r"bulk ESS .* for w\[0\]", m) for m in messages), messages
+    # the exports run the same checks: the user who only calls to_arviz or compare is told too
+    with pytest.warns(UserWarning, match=r"bulk ESS .* for w\[0\]"):
+        to_arviz(mcmc, log_likelihood=False)
+    with pytest.warns(UserWarning, match=r"bulk ESS .* for w\[0\]"):
+        compare({"scalar": mcmc}, (problem.post_mean, problem.post_cov))
 
 
 def test_check_run_reports_rejected_steps(small_linreg):
