@@ -103,9 +103,12 @@ def test_minibatch_near_full_data_is_refused_or_warned(make_linreg, n, s, match)
             kernel.init(jax.random.key(0), 10, None, problem.args, {})
 
 
-def test_progress_bar_final_line_shows_final_state(small_linreg, capfd):
+def test_progress_bar_final_line_shows_final_state(small_linreg, capfd, monkeypatch):
     """The bar's last line is drawn when it closes, from the final state (it used to show counts
-    up to 0.3 s old: 173 passes for 200)."""
+    up to 0.3 s old: 173 passes for 200). NumPyro turns the bar off when ``CI`` is set, as it is
+    in CI: unset here."""
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     mcmc = MCMC(ConstantSGD(small_linreg.model, "diag", steps_per_sample=3), num_warmup=20, num_samples=200,
                 progress_bar=True)
     mcmc.run(jax.random.key(1), *small_linreg.args)
