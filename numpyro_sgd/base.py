@@ -87,6 +87,10 @@ class SGAlgorithm(NamedTuple):
     #: SG steps in which the sampled chain forgets where it was (about N/S for the KL-optimal
     #: kernels), the driver's default ``steps_per_sample``; None: unknown (default 1)
     relaxation_steps: Optional[int] = None
+    #: ``state -> int32``: the steps per returned sample the algorithm chose at the end of warmup
+    #: (at least ``relaxation_steps``; ConstantSGD-full measures its relaxation time), used
+    #: when the user gives no ``steps_per_sample``; None: ``relaxation_steps``
+    sample_steps: Optional[Callable] = None
     #: ``(theta, state) -> (theta, state)`` before the steps of one returned sample
     start_block: Optional[Callable] = None
     #: ``(rng_key, theta, state, oracle, sampling) -> (rng_key, theta, state, num_grad_evals)``
@@ -315,8 +319,12 @@ class SGKernel(MCMCKernel):
         (None): the algorithm's relaxation time, ⌈N/S⌉ SG steps (one data pass) for the kernels
         that adapt to the gradient noise (ConstantSGD, SGFS; their KL-optimal chain forgets its
         start in about one pass, so ``num_samples`` counts nearly independent draws), 1 for the
-        others. An ``int`` fixes it; a value far below the relaxation time warns at ``init``
-        (the ESS is then about num_samples × steps_per_sample × S/N, not num_samples).
+        others. ConstantSGD with the full preconditioner measures its own relaxation time at the
+        end of warmup and takes more steps when the model is misspecified
+        (:func:`~numpyro_sgd.noise.relaxation_steps`; read it from
+        ``mcmc.last_state.kernel_state.steps_per_sample``). An ``int`` fixes it; a value far
+        below the relaxation time warns at ``init`` (the ESS is then about
+        num_samples × steps_per_sample × S/N, not num_samples).
     :param float warmup_passes: the warmup budget in data passes, spread over MCMC's
         ``num_warmup`` iterations (⌈warmup_passes · N/S / num_warmup⌉ SG steps each, at least
         one). Default (None): :data:`DEFAULT_WARMUP_PASSES` when ``steps_per_sample`` is the
@@ -439,7 +447,8 @@ class SGKernel(MCMCKernel):
     @property
     def steps_per_sample(self):
         """SG steps per returned sample (the default and IASG's window are known once the model
-        is traced)."""
+        is traced); for an algorithm that chooses them at the end of warmup (ConstantSGD-full),
+        the smallest it may take."""
         return self._steps_per_sample
 
     @property
@@ -832,7 +841,9 @@ class SGKernel(MCMCKernel):
                 def body(t, carry):
                     return self._transition(*carry, i + t, w, model_args, model_kwargs, step_fn, method)
 
-                return body(0, (s, theta)) if steps == 1 else lax.fori_loop(0, steps, body, (s, theta))
+                if isinstance(steps, int) and steps == 1:
+                    return body(0, (s, theta))
+                return lax.fori_loop(0, steps, body, (s, theta))
 
             return chain
 
@@ -855,6 +866,9 @@ class SGKernel(MCMCKernel):
         if alg.start_block is not None:
             theta, ks = over_chains(alg.start_block)(theta, state.kernel_state)
             state = state._replace(kernel_state=ks)
+        if alg.sample_steps is not None and self._steps_per_sample_option is None:
+            # chosen at the end of warmup (a traced count; one for all chains, which share i)
+            k = jnp.max(alg.sample_steps(state.kernel_state))
         sample_block = over_chains(block(alg.sample_step, self._subsample, k))
         if (not adapts and alg.warmup_step is alg.sample_step and self._warmup_subsample == self._subsample
                 and k_warmup == k):

@@ -24,6 +24,7 @@ from .noise import (
     effective_curvature,
     kl_optimal_preconditioner,
     psd_factor,
+    relaxation_steps,
     resolve_preconditioner,
 )
 from .noise import discrete_time_correction as correction_factor
@@ -54,6 +55,9 @@ class ConstantSGDState(NamedTuple):
     injection: jnp.ndarray
     #: warmup state (Adam, uncentred moment, noise estimator; see :mod:`numpyro_sgd.warmup`)
     warmup: WarmupState
+    #: SG steps per returned sample when the kernel chooses them: ⌈N/S⌉, raised at the end of
+    #: warmup to the frozen dynamics' relaxation time (:func:`~numpyro_sgd.noise.relaxation_steps`)
+    steps_per_sample: jnp.ndarray
 
 
 def constant_sgd_step(theta, velocity, grad, preconditioner, momentum):
@@ -83,6 +87,9 @@ def constant_sgd(potential, preconditioner="auto", *, step_size=None, momentum=1
     warmup = noise_warmup(potential, preconditioner == "full", name, **warmup_options)
     full = preconditioner == "full"
     without_replacement = subsample == "without_replacement"
+    # the KL-optimal chain forgets its start in about one data pass when the model is well
+    # specified; with the full P its own relaxation time is measured at the end of warmup
+    adapts_steps = full and step_size is None and momentum == 1.0
 
     def init(rng_key, theta, num_warmup_steps):
         d, dtype = theta.shape[0], theta.dtype
@@ -93,6 +100,7 @@ def constant_sgd(potential, preconditioner="auto", *, step_size=None, momentum=1
             velocity=jnp.zeros(d, dtype), correction=nan, noise_cov=jnp.zeros((d, d) if full else (d,), dtype),
             injection=jnp.zeros((d, d) if full else (d,), dtype),
             warmup=warmup.init(theta, num_warmup_steps),
+            steps_per_sample=jnp.asarray(potential.steps_per_pass, jnp.int32),
         )
 
     def warmup_step(rng_key, step, theta, state, oracle):
@@ -117,6 +125,9 @@ def constant_sgd(potential, preconditioner="auto", *, step_size=None, momentum=1
         precond, eps = kl_optimal_preconditioner(preconditioner, effective if step_size is None else noise, 2.0,
                                                  step_size, potential.num_data, potential.batch_size)
         factor = state.momentum if step_size is None else 1.0
+        if adapts_steps:  # the slowest direction of P A sets the steps per returned sample
+            steps = relaxation_steps(precond, oracle.hessian_estimate(theta), potential.steps_per_pass)
+            state = state._replace(steps_per_sample=steps)
         return state._replace(preconditioner=(precond * factor).astype(noise.dtype),
                               step_size=jnp.asarray(eps * factor, noise.dtype), correction=jnp.asarray(c, noise.dtype),
                               noise_cov=noise, injection=injection)
@@ -134,9 +145,11 @@ def constant_sgd(potential, preconditioner="auto", *, step_size=None, momentum=1
 
     # the KL-optimal chain forgets its start in about one data pass: P ≈ 2 (Q + A)⁻¹ with
     # Q ≈ (N/S) A gives P A ≈ (2S/N) I, an AR(1) with ρ = 1 − 2S/N whose integrated
-    # autocorrelation time (1 + ρ)/(1 − ρ) is ≈ N/S steps (a user ε sets its own time scale)
+    # autocorrelation time (1 + ρ)/(1 − ρ) is ≈ N/S steps (a user ε sets its own time scale);
+    # with the full P the end of warmup measures it (misspecified models: several passes)
     return SGAlgorithm(init, warmup_step, sample_step, end_warmup,
                        relaxation_steps=potential.steps_per_pass if step_size is None else None,
+                       sample_steps=(lambda state: state.steps_per_sample) if adapts_steps else None,
                        describe=_describe)
 
 

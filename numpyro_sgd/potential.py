@@ -626,6 +626,12 @@ def _override_subsample_sizes(plates, subsample_size, kernel_name):
     return tuple(out)
 
 
+#: rows over which :meth:`MinibatchOracle.hessian_estimate` averages minibatch Hessians, and the
+#: seed of the minibatches it draws
+HESSIAN_ROWS = 4096
+HESSIAN_SEED = 2017
+
+
 class MinibatchOracle:
     """What an algorithm step may ask of the model: minibatch indices, minibatch potentials and
     gradients, per-example gradients and the prior's Hessian.
@@ -689,6 +695,17 @@ class MinibatchOracle:
         """Hessian of the potential without its likelihood terms (prior and Jacobians) at θ."""
         h = jax.hessian(self.potential.prior_potential)(theta, self.model_args, self.model_kwargs, self.params)
         return jnp.diagonal(h) if diagonal else h
+
+    def hessian_estimate(self, theta, rows=HESSIAN_ROWS):
+        """∇²U(θ) estimated without a data pass: the mean of m minibatch Hessians ∇²Û_S(θ),
+        m = ⌈rows/S⌉ (at most 16), on minibatches drawn with a fixed key, so the estimate draws
+        nothing from the chain's key stream and a run's draws do not depend on it. Each ∇²Û_S is
+        unbiased for ∇²U; it costs D forward-mode passes over m·S rows (used once, at the end of
+        warmup, by kernels with a full D × D preconditioner)."""
+        m = max(1, min(16, -(-rows // self.batch_size)))
+        keys = random.split(random.PRNGKey(HESSIAN_SEED), m)
+        hessians = jax.lax.map(lambda key: jax.hessian(self.potential_energy)(theta, self.draw(key)), keys)
+        return jnp.mean(hessians, axis=0)
 
     def grad(self, rng_key, theta):
         """Draw a minibatch; return ``(Û_S, ∇Û_S)`` at θ and the indices."""

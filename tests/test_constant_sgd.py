@@ -299,3 +299,52 @@ def test_progress_text_during_warmup_says_so(small_linreg):
     state = k.init(jax.random.key(0), 5, None, small_linreg.args, {})
     text = k.get_diagnostics_str(state)
     assert "warmup: estimating ε" in text and "nan" not in text
+
+
+def _heteroscedastic_regression(n=1_000, seed=3):
+    """y = x·w + e with Var e = 5 x₁²/3, fitted with σ = 1 known: still a conjugate posterior
+    (exact), but misspecified, so the per-datum gradient covariance E[x xᵀ Var e] = diag(5, 5/3)
+    is not the per-datum Hessian E[x xᵀ] = I. P A then has eigenvalues (2S/N)·(1/5, 3/5): the
+    chain relaxes 5 data passes along x₁."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 2))
+    y = x @ np.array([1.0, -0.5]) + rng.normal(size=n) * np.sqrt(5.0 / 3.0) * np.abs(x[:, 0])
+
+    def model(x, y):
+        w = numpyro.sample("w", dist.Normal(0.0, 10.0).expand([2]).to_event(1))
+        with numpyro.plate("data", x.shape[0], subsample_size=10):
+            batch_x, batch_y = numpyro.subsample(x, event_dim=1), numpyro.subsample(y, event_dim=0)
+            numpyro.sample("y", dist.Normal(batch_x @ w, 1.0), obs=batch_y)
+
+    precision = x.T @ x + np.eye(2) / 100.0
+    cov = np.linalg.inv(precision)
+    return model, (jnp.asarray(x), jnp.asarray(y)), cov @ (x.T @ y), cov, precision
+
+
+def test_default_steps_per_sample_follow_a_misspecified_model():
+    """A misspecified likelihood slows the KL-optimal chain along the direction where the gradient
+    noise exceeds the curvature; left unset, steps_per_sample rises to 2/μ_min SG steps (μ_min the
+    smallest eigenvalue of P A at the end of warmup), so num_samples still counts nearly independent
+    draws: bulk ESS ≥ 0.3 × num_samples (with one data pass per sample it was 0.2×: AR(1) with
+    ρ = e^(−0.4) per pass). A well-specified model keeps one data pass (test above)."""
+    model, args, mean, cov, precision = _heteroscedastic_regression()
+    mcmc = MCMC(ConstantSGD(model, preconditioner="full"), num_warmup=100, num_samples=400, num_chains=2,
+                chain_method="vectorized", progress_bar=False)
+    mcmc.run(jax.random.key(0), *args)
+    ks = mcmc.last_state.kernel_state
+    steps_per_pass = 100
+    # the rule applied to the exact Hessian and the run's own P (2/μ_min; 5 passes in theory)
+    precond = np.asarray(ks.preconditioner[0])
+    exact = 2.0 / np.min(np.linalg.eigvals(precond @ precision).real)
+    chosen = np.asarray(ks.steps_per_sample)
+    assert np.all(np.abs(chosen / exact - 1.0) < 0.15), (chosen, exact)
+    assert np.all((chosen > 3.5 * steps_per_pass) & (chosen < 7 * steps_per_pass)), chosen
+    draws = mcmc.get_samples(group_by_chain=True)["w"]
+    assert float(mcmc.last_state.data_passes[0]) >= 20 + 400 * 3.5      # the steps were taken
+    ess = az.ess(np.asarray(draws)[..., 0]), az.ess(np.asarray(draws)[..., 1])
+    n = draws.shape[0] * draws.shape[1]
+    assert min(float(e) for e in ess) >= 0.3 * n, ess
+    # and the draws are the posterior's: means within 4 MCSE
+    sd = np.sqrt(np.diag(cov))
+    mcse = sd / np.sqrt(np.array([float(e) for e in ess]))
+    assert np.all(np.abs(np.asarray(draws).reshape(-1, 2).mean(0) - mean) < 4 * mcse)
