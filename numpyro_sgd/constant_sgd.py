@@ -217,7 +217,8 @@ class ConstantSGD(SGKernel):
     :param bool prior_noise: inject gradient noise with the prior's curvature (see the note;
         default False; needs the KL-optimal rate, i.e. no ``step_size``).
     :param kwargs: warmup options of :class:`~numpyro_sgd.warmup.NoiseAdaptingKernel`
-        (``noise_estimator``, ``adam_fraction``, ``noise_window``, ``adam_lr``, ``warmup_max_step``)
+        (``noise_estimator``, ``adam_fraction``, ``noise_window``, ``adam_lr``, ``warmup_max_step``,
+        ``warmup_newton``)
         and of :class:`~numpyro_sgd.base.SGKernel` (``steps_per_sample``, ``subsample``,
         ``warmup_subsample``, ``init_strategy``).
 
@@ -240,14 +241,14 @@ class ConstantSGD(SGKernel):
 
     def __init__(self, model, preconditioner="auto", *, step_size=None, momentum=1.0,
                  discrete_time_correction=True, prior_noise=False, noise_estimator=None, adam_fraction=0.4,
-                 noise_window=0.4, adam_lr=(0.1, 1e-3), warmup_max_step=1.0, **kwargs):
+                 noise_window=0.4, adam_lr=(0.1, 1e-3), warmup_max_step=1.0, warmup_newton=False, **kwargs):
         if preconditioner not in PRECONDITIONERS + ("auto",):
             raise ValueError(
                 f"ConstantSGD: unknown preconditioner {preconditioner!r}; choose one of {PRECONDITIONERS + ('auto',)}."
             )
         super().__init__(model, **kwargs)
         self._warmup_options = check_warmup_options(
-            "ConstantSGD", noise_estimator, adam_fraction, noise_window, adam_lr, warmup_max_step)
+            "ConstantSGD", noise_estimator, adam_fraction, noise_window, adam_lr, warmup_max_step, warmup_newton)
         step_size = check_positive("ConstantSGD", "step_size", step_size, "a positive float or None (use ε*)",
                                    allow_none=True)
         if not 0 < check_number("ConstantSGD", "momentum", momentum) <= 1:

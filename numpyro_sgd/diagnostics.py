@@ -720,6 +720,11 @@ def convergence_curve(run, reference, *, names=None, transforms=None, num_points
 # ---------------------------------------------------------------------------- end-of-run checks
 #: :func:`check_run` thresholds: split R-hat above, bulk ESS below, mode offset (sds) above
 RHAT_MAX, ESS_MIN, MODE_OFFSET_MAX = 1.1, 10.0, 3.0
+#: check 5 of :func:`check_run`: the draws' sd along some direction is more than this factor
+#: wider, or narrower, than the posterior's curvature at their mean gives (Laplace)
+SPREAD_FACTOR_MAX = 2.0
+#: and it runs up to this dimension (D forward-mode passes over a few thousand rows)
+SPREAD_CHECK_MAX_DIM = 200
 
 
 def _is_sg_run(run):
@@ -798,6 +803,13 @@ def check_run(mcmc, *, gradient=True, warn=True):
        posterior sds; δ > 3 flags a chain that settled away from the posterior (e.g. a warmup that
        did not reach the mode). Skewed posteriors put the mean O(skewness) sds from the mode, far
        below 3.
+    5. *Spread against curvature* (``gradient=True``, D ≤ 200): with Σ the draws' covariance
+       (pooled over chains) and H ≈ ∇²U(θ̄) estimated on a fixed minibatch of a few thousand
+       rows, the eigenvalues of Σ H are the squared sd ratios of the draws to the Laplace
+       approximation (1 for a Gaussian posterior; large-N posteriors are close to Gaussian, the
+       Bernstein–von Mises regime these kernels are for). A ratio above 2 or below 1/2 flags
+       draws much wider (a step size whose minibatch noise inflates the variance) or much
+       narrower (a direction frozen by the preconditioner) than the posterior.
 
     :param mcmc: a finished ``numpyro.infer.MCMC`` run of a numpyro_sgd kernel.
     :param bool gradient: run check 4 (one data pass per chain, computed in chunks).
@@ -832,8 +844,8 @@ def check_run(mcmc, *, gradient=True, warn=True):
                 f"{name}: split R-hat {rhat:.3g} > {RHAT_MAX} for {_coordinate(draws, site, j)} (unconstrained): "
                 "the chain drifts between the halves of the run, or the chains sit in different places, so "
                 "the draws are not yet from a stationary law and their means and sds are biased. Try a longer "
-                "warmup (warmup_passes), predictors rescaled to unit scale (warmup's first phase moves in "
-                "absolute units), or init_params near the mode.")
+                "warmup (warmup_passes), predictors rescaled to unit scale or warmup_newton=True (warmup's first "
+                "phase moves in absolute units), or init_params near the mode.")
         site, j, ess = _worst(effective_sample_size, draws, np.argmin)
         if not ess >= ESS_MIN:
             messages.append(
@@ -843,10 +855,64 @@ def check_run(mcmc, *, gradient=True, warn=True):
                 "preconditioner='full', a longer run (num_samples, steps_per_sample), or rescaled predictors.")
         if gradient:
             messages += _mode_offset_messages(kernel, mcmc, state, draws, name)
+            messages += _spread_messages(kernel, mcmc, state, draws, name)
     if warn:
         for message in messages:
             warnings.warn(message, UserWarning, stacklevel=find_stack_level())
     return messages
+
+
+def _spread_messages(kernel, mcmc, state, draws, name):
+    """Check 5 of :func:`check_run` (the draws' covariance against the inverse Hessian at their mean)."""
+    from .potential import MinibatchOracle
+
+    potential = kernel.potential
+    if getattr(kernel, "hyperparameters", None) is not None or potential.dim > SPREAD_CHECK_MAX_DIM:
+        return []
+    names = potential.view.names
+    if set(names) != set(draws):  # a wrapper whose draws hold sites the potential does not
+        return []
+    model_args, model_kwargs = run_model_args(mcmc, mcmc.get_samples(group_by_chain=True), name="check_run")
+    flat = np.concatenate([draws[k] for k in names], axis=-1)
+    x = flat.reshape(-1, flat.shape[-1])
+    cov = np.atleast_2d(np.cov(x, rowvar=False))
+    oracle = MinibatchOracle(potential, model_args, model_kwargs)
+    theta = jnp.asarray(x.mean(0), jnp.result_type(float))  # float32 unless x64 is on
+    hessian = np.asarray(oracle.hessian_estimate(theta), np.float64)
+    try:
+        root = np.linalg.cholesky(cov + 1e-300 * np.eye(len(cov)))
+    except np.linalg.LinAlgError:
+        return []  # a degenerate covariance: the bulk-ESS check has already named it
+    values, vectors = np.linalg.eigh(root.T @ (0.5 * (hessian + hessian.T)) @ root)
+    if not np.all(np.isfinite(values)) or values[0] <= 0:
+        return []  # no positive-definite curvature at the mean: the Laplace comparison does not apply
+    ratios = np.sqrt(values)  # the draws' sd over the Laplace sd along each direction
+    messages = []
+    for ratio, vector in ((ratios[-1], vectors[:, -1]), (ratios[0], vectors[:, 0])):
+        if 1.0 / SPREAD_FACTOR_MAX <= ratio <= SPREAD_FACTOR_MAX:
+            continue
+        j = int(np.argmax(np.abs(root @ vector)))
+        site, offset = _site_of(draws, names, j)
+        wide = ratio > 1
+        messages.append(
+            f"{name}: the draws' sd is {ratio:.3g}× the posterior's along a direction led by "
+            f"{_coordinate(draws, site, offset)} (unconstrained; Laplace approximation from the Hessian at "
+            "the draws' mean): the draws are " + (
+                "too wide, e.g. a step size whose minibatch noise inflates the variance. Leave step_size unset "
+                "(the default keeps the inflation at target_inflation) or lower it." if wide else
+                "too narrow, e.g. a direction the preconditioner leaves frozen or a run shorter than its "
+                "relaxation time. Try preconditioner='full' or a longer run."))
+    return messages
+
+
+def _site_of(draws, names, j):
+    """(site, index within the site) of flat coordinate ``j``."""
+    for name in names:
+        size = draws[name].shape[-1]
+        if j < size:
+            return name, j
+        j -= size
+    raise IndexError(j)
 
 
 def _mode_offset_messages(kernel, mcmc, state, draws, name):
@@ -867,5 +933,5 @@ def _mode_offset_messages(kernel, mcmc, state, draws, name):
                 f"{name}: chain {c}'s mean is {offset:.3g} posterior sds from the mode (full-data gradient at "
                 "the mean, in units of the draws' covariance): the chain settled away from the posterior, "
                 "e.g. after a warmup that did not reach the mode. Try a longer warmup (warmup_passes), "
-                "predictors rescaled to unit scale, or init_params near the mode.")
+                "predictors rescaled to unit scale, warmup_newton=True, or init_params near the mode.")
     return messages

@@ -349,7 +349,7 @@ class IASG(SGKernel):
 
     def __init__(self, model, step_size=None, window=None, preconditioner="auto", *, window_error=0.05,
                  check_validity=True, noise_estimator=None, adam_fraction=0.4, noise_window=0.4, adam_lr=(0.1, 1e-3),
-                 warmup_max_step=1.0, **kwargs):
+                 warmup_max_step=1.0, warmup_newton=False, **kwargs):
         if "steps_per_sample" in kwargs:
             raise TypeError("IASG: steps_per_sample is the averaging window; pass window=T instead.")
         if preconditioner is None:  # the old name of H = I
@@ -366,7 +366,7 @@ class IASG(SGKernel):
         window_error = check_number("IASG", "window_error", window_error)
         super().__init__(model, **kwargs)
         self._warmup_options = check_warmup_options(
-            "IASG", noise_estimator, adam_fraction, noise_window, adam_lr, warmup_max_step)
+            "IASG", noise_estimator, adam_fraction, noise_window, adam_lr, warmup_max_step, warmup_newton)
         default_step_product(window_error, 1)  # validates window_error before any compute
         self._options = dict(step_size=step_size, window=window, preconditioner=preconditioner,
                              window_error=window_error, check_validity=bool(check_validity),

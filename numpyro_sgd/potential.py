@@ -696,16 +696,28 @@ class MinibatchOracle:
         h = jax.hessian(self.potential.prior_potential)(theta, self.model_args, self.model_kwargs, self.params)
         return jnp.diagonal(h) if diagonal else h
 
-    def hessian_estimate(self, theta, rows=HESSIAN_ROWS):
-        """∇²U(θ) estimated without a data pass: the mean of m minibatch Hessians ∇²Û_S(θ),
-        m = ⌈rows/S⌉ (at most 16), on minibatches drawn with a fixed key, so the estimate draws
-        nothing from the chain's key stream and a run's draws do not depend on it. Each ∇²Û_S is
-        unbiased for ∇²U; it costs D forward-mode passes over m·S rows (used once, at the end of
-        warmup, by kernels with a full D × D preconditioner)."""
+    def fixed_batch(self, rows=HESSIAN_ROWS):
+        """Indices of m = ⌈rows/S⌉ (at most 16) minibatches drawn with a fixed key, joined into one
+        minibatch of m·S_p rows per plate (the plate's scale becomes N_p/(m·S_p)): the same rows for
+        every chain and every call, drawn from nothing of the chain's key stream, so what is
+        estimated on them leaves a run's draws as they were. ``Û_B = potential_energy(θ,
+        fixed_batch())`` is an unbiased estimate of U(θ) and a deterministic function of θ."""
         m = max(1, min(16, -(-rows // self.batch_size)))
-        keys = random.split(random.PRNGKey(HESSIAN_SEED), m)
-        hessians = jax.lax.map(lambda key: jax.hessian(self.potential_energy)(theta, self.draw(key)), keys)
-        return jnp.mean(hessians, axis=0)
+        stacked = jax.vmap(self.draw)(random.split(random.PRNGKey(HESSIAN_SEED), m))
+        return self._join_batches(stacked)
+
+    def _join_batches(self, stacked):
+        """``{plate: int32[m, S]}`` → ``{plate: int32[m·S]}``."""
+        return {name: idx.reshape(-1) for name, idx in stacked.items()}
+
+    def hessian_estimate(self, theta, rows=HESSIAN_ROWS):
+        """∇²U(θ) estimated without a data pass: ∇²Û_B(θ) on :meth:`fixed_batch` (unbiased for ∇²U).
+        Costs D forward-mode passes over m·S rows (used at the end of warmup by kernels with a
+        full D × D preconditioner)."""
+        batch = self.fixed_batch(rows)
+        basis = jnp.eye(theta.shape[0], dtype=theta.dtype)
+        grad = jax.grad(self.potential_energy)
+        return jax.vmap(lambda e: jax.jvp(lambda t: grad(t, batch), (theta,), (e,))[1])(basis)
 
     def grad(self, rng_key, theta):
         """Draw a minibatch; return ``(Û_S, ∇Û_S)`` at θ and the indices."""

@@ -222,7 +222,7 @@ class SGFS(SGKernel):
 
     def __init__(self, model, preconditioner="auto", *, step_size=None, max_step=None, refresh_every=None,
                  online=True, noise_estimator=None, adam_fraction=0.4, noise_window=0.4, adam_lr=(0.1, 1e-3),
-                 warmup_max_step=1.0, **kwargs):
+                 warmup_max_step=1.0, warmup_newton=False, **kwargs):
         if preconditioner not in ("auto", "full", "diag"):
             raise ValueError(f"SGFS: unknown preconditioner {preconditioner!r}; choose 'full', 'diag' or 'auto'.")
         step_size = check_positive("SGFS", "step_size", step_size, "a positive float (Mandt's ε)", allow_none=True)
@@ -237,7 +237,7 @@ class SGFS(SGKernel):
         refresh_every = check_int("SGFS", "refresh_every", refresh_every, allow_none=True)
         super().__init__(model, **kwargs)
         self._warmup_options = check_warmup_options(
-            "SGFS", noise_estimator, adam_fraction, noise_window, adam_lr, warmup_max_step)
+            "SGFS", noise_estimator, adam_fraction, noise_window, adam_lr, warmup_max_step, warmup_newton)
         self._options = dict(preconditioner=preconditioner, step_size=1.0 if step_size is None else float(step_size),
                              max_step=max_step, refresh_every=refresh_every, online=bool(online))
 

@@ -131,6 +131,12 @@ class DataParallelOracle(MinibatchOracle):
         idx = (local + rows * jnp.arange(k, dtype=local.dtype)[:, None]).reshape(-1)
         return {self.plate.name: idx}
 
+    def _join_batches(self, stacked):
+        """``{plate: int32[m, S]}`` → ``{plate: int32[m·S]}`` with device d's m·S/k rows in its block."""
+        (idx,) = stacked.values()
+        m, k = idx.shape[0], self.shards
+        return {self.plate.name: idx.reshape(m, k, -1).transpose(1, 0, 2).reshape(-1)}
+
     def potential_energy(self, theta, indices):
         def local(theta, idx, model_args, model_kwargs):
             return lax.pmean(self.local.potential(theta, idx, model_args, model_kwargs, self.params), self.axis)

@@ -97,10 +97,25 @@ def all_runs():
 
 
 if __name__ == "__main__":
-    numpyro.enable_x64()
+    # python tests/pinned_draws.py                  every configuration
+    # python tests/pinned_draws.py NAME [NAME ...]  re-pin these only (see REPINNED in the test)
+    import sys
     import warnings
 
+    numpyro.enable_x64()
     warnings.simplefilter("ignore")
     PATH.parent.mkdir(exist_ok=True)
-    np.savez_compressed(PATH, **all_runs())
+    names = sys.argv[1:]
+    if names:
+        unknown = sorted(set(names) - set(CONFIGS))
+        if unknown:
+            raise SystemExit(f"unknown configurations {unknown}; choose from {sorted(CONFIGS)}")
+        pinned = dict(np.load(PATH))
+        pinned = {k: v for k, v in pinned.items() if k.split("/")[0] not in names}
+        for name in names:
+            for chains in (1, 2):
+                pinned.update(run(name, chains))
+    else:
+        pinned = all_runs()
+    np.savez_compressed(PATH, **pinned)
     print(f"wrote {PATH}")
