@@ -206,6 +206,7 @@ def _kl_and_se(draws, num_boot=200, seed=0):
     return gaussian_kl(TARGET, draws), float(np.std(boot))
 
 
+@pytest.mark.slow  # 15 s; an accuracy run (CI budget)
 def test_ewsg_beats_sghmc_on_the_gaussian_of_fig_1():
     """Sec. 5.1: n = 50, minibatch 1, h = 5e-2, γ = 10, 30 data passes (SGHMC 1,500 steps, EWSG M = 1
     750 steps), 2,000 independent chains each. The paper does not state the initialisation; the

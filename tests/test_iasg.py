@@ -114,6 +114,7 @@ def test_iasg_sample_costs_one_data_pass(sec62_run):
     assert int(mcmc.last_state.i[0]) == 510 * (N // S)
 
 
+@pytest.mark.slow  # 23 s; an accuracy run (CI budget)
 def test_full_preconditioner_on_ill_conditioned_posterior():
     """Column scales 1…30: λ_max/λ_min ≈ 900 > T = 500, so scalar IASG cannot meet Eq. 47 (it
     warns, and the least-constrained direction comes out far too narrow);

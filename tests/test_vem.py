@@ -125,6 +125,7 @@ def test_joint_map_fails_where_vem_does_not():
     assert abs(lam.mean() / target - 1) < 0.1, (lam, target)
 
 
+@pytest.mark.slow  # 16 s (CI budget); VEM-SGLD and VEM-IASG still run in CI in test_pinned_draws.py
 def test_other_kernels_run_and_move_lambda():
     """SGLD (its iterates are draws) and IASG (λ-steps at the window averages) also drive λ
     towards the type-II value; short runs, so only the direction and a loose band are checked."""

@@ -51,8 +51,9 @@ def test_newton_to_mode_does_not_depend_on_units(scale):
 
 
 @pytest.mark.parametrize("kernel", [lambda m: ConstantSGD(m, "full", warmup_newton=True),
-                                    lambda m: SGFS(m, warmup_newton=True),
-                                    lambda m: IASG(m, preconditioner="full", warmup_newton=True)],
+                                    pytest.param(lambda m: SGFS(m, warmup_newton=True), marks=pytest.mark.slow),
+                                    pytest.param(lambda m: IASG(m, preconditioner="full", warmup_newton=True),
+                                                 marks=pytest.mark.slow)],
                          ids=["ConstantSGD-full", "SGFS", "IASG-full"])
 def test_noise_warmup_reaches_the_mode_in_small_units(make_linreg, kernel):
     """Predictors × 10⁶: the draws match the exact posterior (without warmup_newton: means
