@@ -77,10 +77,14 @@ def _describe(state):
 
 
 def constant_sgd(potential, preconditioner="auto", *, step_size=None, momentum=1.0, discrete_time_correction=True,
-                 prior_noise=False, subsample="with_replacement", name="ConstantSGD", **warmup_options):
+                 prior_noise=False, subsample="with_replacement", name="ConstantSGD", measure_relaxation=True,
+                 **warmup_options):
     """The constant-SGD algorithm (:class:`ConstantSGD`) for a traced model.
 
     :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential` (plates, N, S, D).
+    :param bool measure_relaxation: with the full preconditioner at the KL-optimal rate, measure the
+        relaxation time at the end of warmup and return it as the steps per sample (False: the
+        user fixed ``steps_per_sample``; no Hessian is taken).
     :return: :class:`~numpyro_sgd.base.SGAlgorithm`.
     """
     preconditioner = resolve_preconditioner(preconditioner, potential.dim)
@@ -89,7 +93,7 @@ def constant_sgd(potential, preconditioner="auto", *, step_size=None, momentum=1
     without_replacement = subsample == "without_replacement"
     # the KL-optimal chain forgets its start in about one data pass when the model is well
     # specified; with the full P its own relaxation time is measured at the end of warmup
-    adapts_steps = full and step_size is None and momentum == 1.0
+    adapts_steps = measure_relaxation and full and step_size is None and momentum == 1.0
 
     def init(rng_key, theta, num_warmup_steps):
         d, dtype = theta.shape[0], theta.dtype
@@ -265,7 +269,8 @@ class ConstantSGD(SGKernel):
                              prior_noise=bool(prior_noise))
 
     def _build(self, potential):
-        return constant_sgd(potential, **self._options, subsample=self._subsample, **self._warmup_options)
+        return constant_sgd(potential, **self._options, subsample=self._subsample,
+                            measure_relaxation=self._steps_per_sample_option is None, **self._warmup_options)
 
     def predicted_covariance(self, state, *model_args, at=None, chain=0, discrete=True, **model_kwargs):
         """Stationary covariance of the frozen chain predicted by the Lyapunov equation.
