@@ -477,7 +477,8 @@ class SGKernel(MCMCKernel):
                     mesh=self._mesh, mesh_axis=self._mesh_axis)
 
     def build(self, potential):
-        """The kernel's :class:`SGAlgorithm` for a traced model (what wrappers compose)."""
+        """The kernel's :class:`SGAlgorithm` for a traced model, as wrappers (SGWithinGibbs,
+        VariationalEM) compose it; the kernel's own driver calls ``_build``."""
         return self._build(potential)
 
     def __getstate__(self):
@@ -491,7 +492,7 @@ class SGKernel(MCMCKernel):
 
     def _get_algorithm(self):
         if self._algorithm is None:
-            self._algorithm = self.build(self.potential)
+            self._algorithm = self._build(self.potential)
         return self._algorithm
 
     def algorithm(self, rng_key, *model_args, **model_kwargs):
@@ -536,7 +537,7 @@ class SGKernel(MCMCKernel):
             self._model, model_args, model_kwargs, rng_key=rng_key,
             init_strategy=self._init_strategy, kernel_name=type(self).__name__, subsample_size=self._subsample_size,
         )
-        self._algorithm = alg = self.build(self._potential)
+        self._algorithm = alg = self._build(self._potential)
         if alg.window is not None:
             self._steps_per_sample = alg.window
         else:

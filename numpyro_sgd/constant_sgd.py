@@ -272,6 +272,12 @@ class ConstantSGD(SGKernel):
         return constant_sgd(potential, **self._options, subsample=self._subsample,
                             measure_relaxation=self._steps_per_sample_option is None, **self._warmup_options)
 
+    def build(self, potential):
+        # a wrapper's driver takes its own steps per sample (and SGWithinGibbs re-runs end_warmup
+        # after every φ update): no relaxation time is measured
+        return constant_sgd(potential, **self._options, subsample=self._subsample, measure_relaxation=False,
+                            **self._warmup_options)
+
     def predicted_covariance(self, state, *model_args, at=None, chain=0, discrete=True, **model_kwargs):
         """Stationary covariance of the frozen chain predicted by the Lyapunov equation.
 

@@ -256,3 +256,30 @@ def test_warmup_at_s_100000_n_10_million(kernel_cls, kwargs, float32):
     mcmc = _large_run(kernel_cls, 10_000_000, 100_000, **kwargs)
     w = np.asarray(mcmc.get_samples()["w"])
     assert np.isfinite(w).all() and int(mcmc.last_state.num_divergences) == 0
+
+
+def test_non_finite_initial_potential_is_refused_before_sampling():
+    """A model whose potential is infinite at the initial point (here a factor that is −∞ unless
+    w > 100) stops at init with the cause and the fixes, instead of sampling from a rejected state."""
+    def bad(X, Y):
+        w = numpyro.sample("w", dist.Normal(0, 1000.0).expand([2]).to_event(1))
+        numpyro.factor("support", jnp.where(jnp.all(w > 100.0), 0.0, -jnp.inf))
+        with numpyro.plate("data", X.shape[0], subsample_size=50) as idx:
+            numpyro.sample("y", dist.Normal(X[idx] @ w, 1.0), obs=Y[idx])
+
+    with pytest.raises(ValueError, match="potential is not finite at the initial point.*init_params"):
+        _init(ConstantSGD(bad), X, Y)
+
+
+def test_init_params_lacking_a_site_name_it():
+    with pytest.raises(ValueError, match=r"init_params lacks the latent sites \['w'\]"):
+        _init(ConstantSGD(model), X, Y, init_params={})
+
+
+def test_model_without_a_continuous_latent_is_refused():
+    def no_latent(X, Y):
+        with numpyro.plate("data", X.shape[0], subsample_size=50) as idx:
+            numpyro.sample("y", dist.Normal(X[idx] @ jnp.ones(2), 1.0), obs=Y[idx])
+
+    with pytest.raises(ValueError, match="no continuous latent sample site"):
+        _init(SGLD(no_latent, step_size=1e-3), X, Y)
