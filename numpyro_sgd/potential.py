@@ -626,6 +626,13 @@ def _override_subsample_sizes(plates, subsample_size, kernel_name):
     return tuple(out)
 
 
+def grad_and_hessian(fn, theta):
+    """(∇fn(θ), ∇²fn(θ)) in one trace of ``fn``: the JVP of the gradient along each basis vector."""
+    basis = jnp.eye(theta.shape[0], dtype=theta.dtype)
+    grads, columns = jax.vmap(lambda e: jax.jvp(jax.grad(fn), (theta,), (e,)))(basis)
+    return grads[0], columns
+
+
 #: rows over which :meth:`MinibatchOracle.hessian_estimate` averages minibatch Hessians, and the
 #: seed of the minibatches it draws
 HESSIAN_ROWS = 4096
@@ -715,9 +722,7 @@ class MinibatchOracle:
         Costs D forward-mode passes over m·S rows (used at the end of warmup by kernels with a
         full D × D preconditioner)."""
         batch = self.fixed_batch(rows)
-        basis = jnp.eye(theta.shape[0], dtype=theta.dtype)
-        grad = jax.grad(self.potential_energy)
-        return jax.vmap(lambda e: jax.jvp(lambda t: grad(t, batch), (theta,), (e,))[1])(basis)
+        return grad_and_hessian(lambda t: self.potential_energy(t, batch), theta)[1]
 
     def grad(self, rng_key, theta):
         """Draw a minibatch; return ``(Û_S, ∇Û_S)`` at θ and the indices."""

@@ -45,7 +45,6 @@ import warnings
 from fractions import Fraction
 from typing import Callable, NamedTuple
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -56,6 +55,7 @@ from numpyro.util import find_stack_level
 from .base import StepInfo
 from .noise import NOISE_ESTIMATORS, NoiseState, fisher_curvature, psd_part, resolve_preconditioner, sampling_noise
 from .noise import noise_estimator as make_noise_estimator
+from .potential import grad_and_hessian
 from .validation import check_number
 
 __all__ = ["WarmupState", "WarmupSummary", "NoiseWarmup", "noise_warmup", "WARMUP_DEFAULTS", "check_warmup_options",
@@ -324,10 +324,7 @@ def newton_decrement(potential_fn, theta):
     gradient, H its Hessian, |H| with the eigenvalues of H taken in absolute value and floored at
     10⁻⁷ of the largest; Dauphin et al. 2014): λ² = gᵀ|H|⁻¹g is the squared distance to the
     minimum in the units of the curvature (posterior sds, for a potential), whatever the units of θ."""
-    # g and H in one trace of the model: the JVP of the gradient along each basis vector
-    basis = jnp.eye(theta.shape[0], dtype=theta.dtype)
-    grads, columns = jax.vmap(lambda e: jax.jvp(jax.grad(potential_fn), (theta,), (e,)))(basis)
-    grad, hessian = grads[0], columns
+    grad, hessian = grad_and_hessian(potential_fn, theta)
     values, vectors = jnp.linalg.eigh(0.5 * (hessian + hessian.T))
     values = jnp.abs(values)
     values = jnp.maximum(values, 1e-7 * jnp.max(values))
