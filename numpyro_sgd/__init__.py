@@ -4,7 +4,7 @@ from .base import SGAlgorithm, SGKernel, SGState, StepInfo
 from .constant_sgd import ConstantSGD, ConstantSGDState, constant_sgd
 from .diagnostics import check_run, fit_gaussian, gaussian_kl
 from .ewsg import EWSG, EWSGVR, EWSGState, EWSGVRState, OverdampedEWSG, OverdampedEWSGState, ewsg, ewsg_vr
-from .gibbs import SGWithinGibbs, SGWithinGibbsState, hyper_candidates, sg_within_gibbs
+from .gibbs import SGWithinGibbs, SGWithinGibbsState, centre_loc_scale, hyper_candidates, sg_within_gibbs
 from .iasg import IASG, IASGState, iasg
 from .loo import LooSubsample, compare_loo, loo_subsample
 from .potential import MinibatchOracle, PlateInfo, SubsampledPotential
@@ -20,6 +20,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "check_run",
+    "centre_loc_scale",
     "hyper_candidates",
     "sg_within_gibbs",
     "ConstantSGD",

@@ -650,13 +650,17 @@ class SGKernel(MCMCKernel):
                 or hasattr(self, "inner_kernel")):
             return
         self._hyper_warned = True
-        from .gibbs import _classify
+        from .gibbs import _classify, hyper_candidates
 
-        candidates = _classify(self._potential, model_args, model_kwargs)[0]
+        candidates, form = _classify(self._potential, model_args, model_kwargs)[0], ""
+        if not candidates and any(n.endswith("_decentered") for n in self._potential.view.names):
+            # a LocScaleReparam(0) model: its group mean and scale are hyper sites of the centred form
+            candidates = hyper_candidates(self._model, *model_args, **model_kwargs)
+            form = " once its LocScaleReparam sites are centred (as SGWithinGibbs samples them)"
         if candidates:
             name = type(self).__name__
             warnings.warn(
-                f"{name}: the sites {candidates} have no observed child in a subsample plate (group-level "
+                f"{name}: the sites {candidates} have no observed child in a subsample plate{form} (group-level "
                 f"hyperparameters, e.g. a group scale): with the group latents they form a funnel that one frozen "
                 f"preconditioner fits poorly. Sample them exactly with SGWithinGibbs({name}(model)), or see the "
                 "README's 'Hierarchical models' for the other routes.", UserWarning, stacklevel=find_stack_level())

@@ -33,15 +33,18 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpyro
 from jax import lax, random
 from numpyro.infer.hmc_util import build_tree, dual_averaging, euclidean_kinetic_energy, velocity_verlet
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.inspect import get_dependencies
+from numpyro.infer.reparam import LocScaleReparam
+from numpyro.primitives import Messenger
 
 from .base import SGAlgorithm, SGKernel
 from .potential import MinibatchOracle, SubsampledPotential, _FlatView, as_jax_args
 
-__all__ = ["SGWithinGibbs", "SGWithinGibbsState", "sg_within_gibbs", "hyper_candidates"]
+__all__ = ["SGWithinGibbs", "SGWithinGibbsState", "sg_within_gibbs", "hyper_candidates", "centre_loc_scale"]
 
 #: fraction of the warmup (in SG steps) after which the φ-NUTS mass matrix is frozen; the rest
 #: of warmup adapts its step size only (NumPyro's final window)
@@ -52,6 +55,78 @@ MASS_WINDOW_START = 0.4
 HOLD_FRACTION = 0.4
 #: first step size of the φ transition (in units of the adapted mass: about the conditional sd)
 INITIAL_STEP_SIZE = 0.5
+
+
+#: NumPyro's own ``LocScaleReparam.__call__`` (restored when no centred model is running)
+_LOC_SCALE_CALL = LocScaleReparam.__call__
+#: the :class:`centre_loc_scale` handlers whose model is running (innermost last)
+_CENTRING = []
+
+
+def _keep_centred(reparam, name, fn, obs):
+    """Stands in for ``LocScaleReparam.__call__`` while a :class:`centre_loc_scale` model runs:
+    the site keeps its declared law x ~ fn (as ``LocScaleReparam(1)`` does), and the handler
+    records (c, loc, scale) to report the decentred value."""
+    base = reparam._unwrap(fn)[0]
+    _CENTRING[-1].decentering[name] = (reparam.centered, base.loc, base.scale)
+    return fn, obs
+
+
+class centre_loc_scale(Messenger):
+    """Runs ``fn`` with every ``LocScaleReparam`` site in its centred form, and reports its decentred value.
+
+    NumPyro's ``LocScaleReparam(c)`` (Gorinova, Moore & Hoffman 2019, Sec. 3) replaces a latent
+    x ~ N(loc, scale) by x̃ ~ N(c·loc, scale^c) and x = loc + scale^(1−c) (x̃ − c·loc): for c = 0 the
+    group scale σ and mean μ move from the prior of x into the likelihood, so they are parents of
+    the data and no longer hyperparameters (:func:`hyper_candidates`). Under this handler the site
+    is sampled as declared, x ~ N(loc, scale) (the same posterior over the model's quantities, in
+    other coordinates), and the decentred value x̃ = c·loc + (x − loc)/scale^(1−c) is recorded as
+    the deterministic site ``"{name}_decentered"``, so the draws hold both names the user's model
+    has. A learnable ``c`` (``LocScaleReparam(None)``) has no fixed x̃: only x is reported.
+
+    Works whether ``reparam`` wraps the model or is a ``with`` block inside it: while the model
+    runs, ``LocScaleReparam.__call__`` leaves the site's law unchanged.
+
+    :param fn: a NumPyro model.
+
+    .. doctest::
+
+        >>> import numpyro, numpyro.distributions as dist
+        >>> from numpyro.infer.reparam import LocScaleReparam
+        >>> from numpyro_sgd import centre_loc_scale
+        >>> def model():
+        ...     s = numpyro.sample("s", dist.HalfNormal(1.0))
+        ...     with numpyro.handlers.reparam(config={"x": LocScaleReparam(0)}):
+        ...         numpyro.sample("x", dist.Normal(0.0, s))
+        >>> tr = numpyro.handlers.trace(numpyro.handlers.seed(centre_loc_scale(model), 0)).get_trace()
+        >>> tr["x"]["type"], tr["x_decentered"]["type"]
+        ('sample', 'deterministic')
+    """
+
+    def __init__(self, fn=None):
+        super().__init__(fn)
+        self.decentering = {}
+
+    def __call__(self, *args, **kwargs):
+        _CENTRING.append(self)
+        LocScaleReparam.__call__ = _keep_centred
+        try:
+            return super().__call__(*args, **kwargs)
+        finally:
+            _CENTRING.pop()
+            if not _CENTRING:
+                LocScaleReparam.__call__ = _LOC_SCALE_CALL
+
+    def postprocess_message(self, msg):
+        name = msg.get("name")
+        if msg["type"] != "sample" or msg.get("is_observed") or name not in self.decentering:
+            return
+        centered, loc, scale = self.decentering.pop(name)
+        if centered is None:
+            return
+        value = msg["value"]
+        decentred = centered * loc + (value - loc) / jnp.power(scale, 1.0 - centered)
+        numpyro.deterministic(f"{name}_decentered", jnp.broadcast_to(decentred, jnp.shape(value)))
 
 
 class SGWithinGibbsState(NamedTuple):
@@ -99,9 +174,11 @@ def hyper_candidates(model, *model_args, **model_kwargs):
     """The latent sites of ``model`` that :class:`SGWithinGibbs` can update from their full
     conditional without the data: global latents (outside every subsample plate) none of whose
     children is an observed site in a subsample plate, e.g. the group mean and scale of a centred
-    hierarchical model or a horseshoe's global and local scales. A non-centred model
-    (``α = μ + σ α_raw`` in the likelihood, or ``LocScaleReparam(0)``) has none: μ and σ enter the
-    likelihood.
+    hierarchical model or a horseshoe's global and local scales. ``LocScaleReparam`` sites are
+    taken in their centred form (:class:`centre_loc_scale`, as :class:`SGWithinGibbs` samples
+    them), so NumPyro's non-centred ``LocScaleReparam(0)`` model has the candidates of the centred
+    one. A model non-centred by hand (``α = μ + σ α_raw`` in the likelihood) has none: μ and σ
+    enter the likelihood.
 
     :param model: a NumPyro model with a subsample plate.
     :param model_args: its arguments (``model_kwargs`` as keywords).
@@ -120,7 +197,8 @@ def hyper_candidates(model, *model_args, **model_kwargs):
         >>> hyper_candidates(model, jnp.arange(100) % 5, jnp.zeros(100))
         ['tau']
     """
-    potential = SubsampledPotential.from_model(model, as_jax_args(model_args), as_jax_args(model_kwargs),
+    potential = SubsampledPotential.from_model(centre_loc_scale(model), as_jax_args(model_args),
+                                               as_jax_args(model_kwargs),
                                                kernel_name="hyper_candidates", init_strategy=init_to_uniform)
     return _classify(potential, model_args, model_kwargs)[0]
 
@@ -141,9 +219,10 @@ def _resolve_hyper_sites(requested, potential, model_args, model_kwargs, name):
         if not candidates:
             raise ValueError(
                 f"{name}: the model has no hyperparameter site (a global latent whose only children are other "
-                f"latents; every latent of {list(latent)} is a parent of observed data). A non-centred model "
-                "(α = μ + σ·α_raw, or LocScaleReparam(0)) puts μ and σ into the likelihood; write the group "
-                "effects centred (α ~ Normal(μ, σ)) or run the inner kernel alone."
+                f"latents; every latent of {list(latent)} is a parent of observed data). A model non-centred "
+                "by hand (α = μ + σ·α_raw) puts μ and σ into the likelihood; write the group effects centred "
+                "(α ~ Normal(μ, σ)), or as NumPyro's LocScaleReparam(0) (which SGWithinGibbs samples centred), "
+                "or run the inner kernel alone."
             )
         chosen = candidates
     else:
@@ -365,10 +444,16 @@ class SGWithinGibbs(SGKernel):
     .. note:: **Data passes.** The φ transition touches no data; ``data_passes`` counts the
        inner kernel's minibatch gradients only.
 
-    .. warning:: A non-centred model (``α = μ + σ α_raw`` inside the likelihood, or NumPyro's
-       ``LocScaleReparam(0)``) has no hyper site: μ and σ are parents of the data. Write the group
-       effects centred (with many rows per group the centred form is also the better-conditioned
-       one). Kernels whose draws are not iterates (IASG) are refused.
+    .. note:: **Non-centred models.** A site under NumPyro's ``LocScaleReparam(c)`` is sampled in
+       its centred form (:class:`centre_loc_scale`): in the decentred form x̃ the group mean and
+       scale are parents of the data, in the centred form they are hyper sites. The posterior of
+       the model's quantities is the same; the draws hold x and its decentred value
+       ``"{x}_decentered"`` (a deterministic site here, a sample site under NUTS). With many rows
+       per group the centred form is also the better-conditioned one (Papaspiliopoulos, Roberts &
+       Sköld 2007). A model non-centred by hand (``α = μ + σ α_raw`` inside the likelihood) has no
+       hyper site and is refused: write it centred or with ``LocScaleReparam``.
+
+    .. warning:: Kernels whose draws are not iterates (IASG) are refused.
 
     :param SGKernel kernel: a kernel of this package built on the model (ConstantSGD, SGFS, SGLD,
         SGHMC, ...); only its public ``build`` and ``driver_options`` are used.
@@ -417,7 +502,8 @@ class SGWithinGibbs(SGKernel):
         if isinstance(max_tree_depth, bool) or not isinstance(max_tree_depth, (int, np.integer)) or not (
                 1 <= max_tree_depth <= 15):
             raise ValueError(f"SGWithinGibbs: max_tree_depth must be an integer in [1, 15], got {max_tree_depth!r}.")
-        super().__init__(kernel.subsampled_model, **{**kernel.driver_options, **kwargs})
+        # LocScaleReparam sites are sampled centred (their scale and mean become hyper sites)
+        super().__init__(centre_loc_scale(kernel.subsampled_model), **{**kernel.driver_options, **kwargs})
         self._inner = kernel
         self._hyper_option = None if hyper_sites is None else tuple(hyper_sites)
         self._nuts_options = dict(target_accept_prob=float(target_accept_prob), max_tree_depth=int(max_tree_depth))

@@ -21,7 +21,7 @@ import pytest
 from numpyro.infer import MCMC
 from numpyro.infer.reparam import LocScaleReparam
 
-from numpyro_sgd import ConstantSGD, MinibatchOracle, SGWithinGibbs, hyper_candidates
+from numpyro_sgd import ConstantSGD, MinibatchOracle, SGWithinGibbs, centre_loc_scale, hyper_candidates
 from numpyro_sgd.base import pick_chain
 
 J, N_PER_GROUP, S, SIGMA, PRIOR_SD_MU = 8, 250, 100, 5.0, 10.0
@@ -154,9 +154,44 @@ def test_inner_tuning_follows_the_hyperparameters(data, gibbs_run):
                            rtol=1e-3)
 
 
+def test_loc_scale_reparam_model_is_sampled_centred(data, gibbs_run):
+    """NumPyro's non-centred LocScaleReparam(0) model runs through SGWithinGibbs in its centred
+    form: the same potential in the same coordinates, so with the same key its draws of (μ, τ, z)
+    are the centred run's (which match the exact posterior above), and z_decentered = (z − μ)/τ is
+    reported; LocScaleReparam is left as NumPyro wrote it after the run."""
+    original = LocScaleReparam.__call__
+    mcmc = MCMC(SGWithinGibbs(ConstantSGD(non_centred_reparam)), num_warmup=200, num_samples=600, num_chains=2,
+                chain_method="vectorized", progress_bar=False)
+    mcmc.run(jax.random.key(0), *data)
+    assert LocScaleReparam.__call__ is original
+    samples, reference = mcmc.get_samples(), gibbs_run[1].get_samples()
+    assert set(samples) == {"mu", "tau", "z", "z_decentered"}
+    for k in ("mu", "tau", "z"):
+        np.testing.assert_allclose(samples[k], reference[k], rtol=1e-5, atol=1e-5)
+    expected = (samples["z"] - samples["mu"][:, None]) / samples["tau"][:, None]
+    np.testing.assert_allclose(samples["z_decentered"], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_centre_loc_scale_partial_centring():
+    """LocScaleReparam(c) with 0 < c < 1: x is sampled as declared and x̃ = c·μ + (x − μ)/σ^(1−c)
+    (NumPyro's map inverted); outside the handler the site is decentred as NumPyro does it."""
+    def model():
+        mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+        sigma = numpyro.sample("sigma", dist.HalfNormal(1.0))
+        with numpyro.handlers.reparam(config={"x": LocScaleReparam(0.3)}), numpyro.plate("g", 3):
+            numpyro.sample("x", dist.Normal(mu, sigma))
+
+    tr = numpyro.handlers.trace(numpyro.handlers.seed(centre_loc_scale(model), 1)).get_trace()
+    assert tr["x"]["type"] == "sample" and tr["x_decentered"]["type"] == "deterministic"
+    mu, sigma, x = tr["mu"]["value"], tr["sigma"]["value"], tr["x"]["value"]
+    np.testing.assert_allclose(tr["x_decentered"]["value"], 0.3 * mu + (x - mu) / sigma**0.7, rtol=1e-6)
+    plain = numpyro.handlers.trace(numpyro.handlers.seed(model, 1)).get_trace()
+    assert plain["x"]["type"] == "deterministic" and plain["x_decentered"]["type"] == "sample"
+
+
 @pytest.mark.parametrize("model, expected", [
     (centred, ["mu", "tau"]),
-    (non_centred_reparam, []),
+    (non_centred_reparam, ["mu", "tau"]),  # taken centred, as SGWithinGibbs samples it
     (non_centred_by_hand, []),
     (no_hyper, []),
 ], ids=["centred", "non-centred-reparam", "non-centred-by-hand", "no-hyper"])
@@ -193,13 +228,18 @@ def test_bad_arguments_raise_at_construction(args, error, match):
 
 
 def test_plain_kernel_on_a_hierarchical_model_warns(data):
-    """ConstantSGD(model) at init names the hyper sites and SGWithinGibbs (once per kernel object);
-    a model without hyper sites gives no such warning."""
+    """ConstantSGD(model) at init names the hyper sites and SGWithinGibbs (once per kernel object),
+    also for the LocScaleReparam(0) model (the sites of its centred form); a model without hyper
+    sites, or non-centred by hand, gives no such warning."""
     kernel = ConstantSGD(centred)
     with pytest.warns(UserWarning, match=r"\['mu', 'tau'\] have no observed child.*SGWithinGibbs\(ConstantSGD"):
         kernel.init(jax.random.key(0), 10, None, data, {})
+    with pytest.warns(UserWarning, match=r"\['mu', 'tau'\] have no observed child in a subsample plate once its "
+                      r"LocScaleReparam sites are centred"):
+        ConstantSGD(non_centred_reparam).init(jax.random.key(0), 10, None, data, {})
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         ConstantSGD(no_hyper).init(jax.random.key(0), 10, None, data, {})
+        ConstantSGD(non_centred_by_hand).init(jax.random.key(0), 10, None, data, {})
         kernel.init(jax.random.key(1), 10, None, data, {})
     assert not [w for w in record if "no observed child" in str(w.message)]
