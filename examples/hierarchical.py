@@ -18,9 +18,11 @@ transition on the hyperparameters' data-free conditional between blocks):
 
 Printed per run: wall time (trace, compile, warmup and sampling, what a user waits), data passes,
 posterior mean and sd of each hyperparameter against NUTS (errors in NUTS sds, sd ratios; the
-horseshoe's heavy-tailed scales on the log scale), the largest group-latent mean error in NUTS
-sds, the smallest bulk ESS of the hyperparameters and its rate per second, and the issue's
-acceptance check: scales within 0.2 NUTS sd and 20 % in sd, group latents within 0.25 sd.
+horseshoe's heavy-tailed scales on the log scale) and the mean difference in units of its Monte
+Carlo standard error (err/MCSE, from both runs' bulk ESS: |err/MCSE| ≲ 2 is what sampling noise
+alone gives), the largest group-latent mean error in NUTS sds, the smallest bulk ESS of the
+hyperparameters and its rate per second, and the issue's acceptance check: scales within 0.2 NUTS
+sd and 20 % in sd, group latents within 0.25 sd.
 
     python examples/hierarchical.py --problem osic --standardise --subsample-size 2000
     python examples/hierarchical.py --problem osic --standardise --rows 1140 --subsample-size 20000
@@ -143,19 +145,25 @@ def report(name, samples, ref, seconds, scales, groups, log_scales=False, extra=
     ref_flat = {k: v.reshape((-1,) + v.shape[2:]) for k, v in ref.items()}
     ess = min_bulk_ess(samples, scales)
     print(f"\n{name}: {seconds:.1f} s{extra}; min bulk ESS of {scales} {ess:.0f} ({ess / seconds:.1f}/s)")
-    print(f"  {'site':10s} {'mean':>10s} {'sd':>9s} {'NUTS mean':>10s} {'NUTS sd':>9s} {'err/sd':>7s} {'sd ratio':>8s}")
+    print(f"  {'site':10s} {'mean':>10s} {'sd':>9s} {'NUTS mean':>10s} {'NUTS sd':>9s} {'err/sd':>7s} {'sd ratio':>8s} "
+          f"{'err/MCSE':>8s}")
     ok_scales = True
     for k in scales:
         x, r = flat[k], ref_flat[k]
         label = f"log {k}" if log_scales else k
         if log_scales:
             x, r = np.log(x), np.log(r)
+        # the Monte Carlo error of the difference of the two means, from both runs' bulk ESS
+        ess_x, ess_r = (effective_sample_size(v.reshape(v.shape[:2] + (-1,))) for v in (
+            np.log(samples[k]) if log_scales else samples[k], np.log(ref[k]) if log_scales else ref[k]))
         x, r = x.reshape(x.shape[0], -1), r.reshape(r.shape[0], -1)
         for j in range(x.shape[1]):
             m, s, rm, rs = x[:, j].mean(), x[:, j].std(), r[:, j].mean(), r[:, j].std()
+            mcse = np.sqrt(s**2 / ess_x.ravel()[j] + rs**2 / ess_r.ravel()[j])
             ok_scales &= bool(abs(m - rm) <= 0.2 * rs and abs(s / rs - 1) <= 0.2)
             site = label if x.shape[1] == 1 else f"{label}[{j}]"
-            print(f"  {site:10s} {m:10.4g} {s:9.3g} {rm:10.4g} {rs:9.3g} {(m - rm) / rs:7.2f} {s / rs:8.2f}")
+            print(f"  {site:10s} {m:10.4g} {s:9.3g} {rm:10.4g} {rs:9.3g} {(m - rm) / rs:7.2f} {s / rs:8.2f} "
+                  f"{(m - rm) / mcse:8.2f}")
     worst = 0.0
     for k in groups:
         err = np.abs(flat[k].mean(0) - ref_flat[k].mean(0)) / ref_flat[k].std(0)
@@ -177,7 +185,8 @@ def describe_sg(mcmc):
 
 def describe_nuts(mcmc):
     extra = mcmc.get_extra_fields()
-    return f", {int(np.sum(extra['diverging']))} divergences, {float(np.mean(extra['num_steps'])):.1f} leapfrog steps/draw"
+    steps = float(np.mean(extra["num_steps"]))
+    return f", {int(np.sum(extra['diverging']))} divergences, {steps:.1f} leapfrog steps/draw"
 
 
 def nuts_reference(model, data, args, **nuts_options):

@@ -845,7 +845,7 @@ def check_run(mcmc, *, gradient=True, warn=True):
                 "the chain drifts between the halves of the run, or the chains sit in different places, so "
                 "the draws are not yet from a stationary law and their means and sds are biased. Try a longer "
                 "warmup (warmup_passes), predictors rescaled to unit scale or warmup_newton=True (warmup's first "
-                "phase moves in absolute units), or init_params near the mode.")
+                "phase moves in absolute units), or init_params near the mode." + _gibbs_hint(kernel))
         site, j, ess = _worst(effective_sample_size, draws, np.argmin)
         if not ess >= ESS_MIN:
             messages.append(
@@ -933,5 +933,19 @@ def _mode_offset_messages(kernel, mcmc, state, draws, name):
                 f"{name}: chain {c}'s mean is {offset:.3g} posterior sds from the mode (full-data gradient at "
                 "the mean, in units of the draws' covariance): the chain settled away from the posterior, "
                 "e.g. after a warmup that did not reach the mode. Try a longer warmup (warmup_passes), "
-                "predictors rescaled to unit scale, warmup_newton=True, or init_params near the mode.")
+                "predictors rescaled to unit scale, warmup_newton=True, or init_params near the mode."
+                + _gibbs_hint(kernel))
     return messages
+
+
+def _gibbs_hint(kernel):
+    """The cause to name first for SGWithinGibbs: data far from unit scale (the group latents
+    start on the unit scale, the hyperparameters are drawn given them and collapse, and a
+    collapsed group scale pins the latents; measured on the OSIC-shaped model in ml)."""
+    from .gibbs import SGWithinGibbs
+
+    if not isinstance(kernel, SGWithinGibbs):
+        return ""
+    return (" With SGWithinGibbs, first put the outcome (not only the predictors) on unit scale: the group "
+            "latents start on the unit scale, the hyperparameters are drawn given latents that have not yet "
+            "reached the data, and a collapsed group scale pins them there (docs/hierarchical.md).")

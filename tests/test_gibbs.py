@@ -243,3 +243,31 @@ def test_plain_kernel_on_a_hierarchical_model_warns(data):
         ConstantSGD(non_centred_by_hand).init(jax.random.key(0), 10, None, data, {})
         kernel.init(jax.random.key(1), 10, None, data, {})
     assert not [w for w in record if "no observed child" in str(w.message)]
+
+
+def raw_units(g, y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1000.0))
+    tau = numpyro.sample("tau", dist.HalfNormal(100.0))
+    with numpyro.plate("groups", J):
+        z = numpyro.sample("z", dist.Normal(mu, tau))
+    with numpyro.plate("data", y.shape[0], subsample_size=S) as idx:
+        numpyro.sample("y", dist.Normal(z[g[idx]], 150.0), obs=y[idx])
+
+
+def test_data_far_from_unit_scale_is_reported():
+    """Group means near 2,500 with noise sd 150 (the OSIC notebook's units): the group latents start
+    on the unit scale, τ drawn given them collapses and pins them, and the run is wrong (τ ≈ 5
+    against a spread of the group means of about 250). check_run says so, and names the outcome's
+    scale as the first thing to fix."""
+    from numpyro_sgd import check_run
+
+    rng = np.random.default_rng(0)
+    g = np.repeat(np.arange(J), N_PER_GROUP)
+    y = rng.normal((2500.0 + 250.0 * rng.normal(size=J))[g], 150.0)
+    mcmc = MCMC(SGWithinGibbs(ConstantSGD(raw_units)), num_warmup=100, num_samples=100, num_chains=2,
+                chain_method="vectorized", progress_bar=False)
+    mcmc.run(jax.random.key(0), jnp.asarray(g), jnp.asarray(y))
+    assert float(mcmc.get_samples()["tau"].mean()) < 50.0  # the failure this test is about
+    messages = check_run(mcmc)
+    assert any("R-hat" in m and "first put the outcome (not only the predictors) on unit scale" in m
+               for m in messages), messages
