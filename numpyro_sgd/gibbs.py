@@ -108,6 +108,7 @@ class centre_loc_scale(Messenger):
         self.decentering = {}
 
     def __call__(self, *args, **kwargs):
+        self.decentering = {}  # nothing of an earlier (e.g. interrupted) trace is kept
         _CENTRING.append(self)
         LocScaleReparam.__call__ = _keep_centred
         try:
