@@ -271,3 +271,20 @@ def test_data_far_from_unit_scale_is_reported():
     messages = check_run(mcmc)
     assert any("R-hat" in m and "first put the outcome (not only the predictors) on unit scale" in m
                for m in messages), messages
+
+
+def test_few_rows_per_group_per_minibatch_warns(data):
+    """S = 40 rows over J = 8 groups is 5 rows of each group per minibatch, below the 10 under which
+    the group sds were measured inflated: SGWithinGibbs warns at init and names the S that suffices;
+    at the module's S = 100 (12.5 per group) it does not. A latent vector outside any plate (the
+    horseshoe's β, which every row touches) is not a group latent."""
+    with pytest.warns(UserWarning, match=r"group latent 'z' has 8 groups .* S = 40 rows, about 5 rows of each "
+                                         r"group.*subsample_size to at least 80"):
+        SGWithinGibbs(ConstantSGD(centred, subsample_size=40)).init(jax.random.key(0), 10, None, data, {})
+    x = jnp.asarray(np.random.default_rng(1).normal(size=(1000, 4)))
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        SGWithinGibbs(ConstantSGD(centred)).init(jax.random.key(0), 10, None, data, {})
+        SGWithinGibbs(ConstantSGD(horseshoe, subsample_size=20)).init(jax.random.key(0), 10, None,
+                                                                       (x, jnp.zeros(1000)), {})
+    assert not [w for w in record if "rows of each group" in str(w.message)]
