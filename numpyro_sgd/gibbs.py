@@ -165,11 +165,15 @@ class SGWithinGibbsState(NamedTuple):
     num_hyper_divergences: jnp.ndarray
 
 
-def _latent_parents_of_data(model, model_args, model_kwargs, observed_sites):
-    """Latent sites on which the log-density of some site in ``observed_sites`` depends directly
-    (NumPyro's ``get_dependencies``: provenance through deterministic code)."""
+def _prior_dependencies(model, model_args, model_kwargs):
+    """``{site: {site it depends on directly: ...}}`` (NumPyro's ``get_dependencies``:
+    provenance through deterministic code; one trace of the model)."""
     model_args, model_kwargs = as_jax_args((model_args, model_kwargs))
-    deps = get_dependencies(model, model_args, model_kwargs)["prior_dependencies"]
+    return get_dependencies(model, model_args, model_kwargs)["prior_dependencies"]
+
+
+def _latent_parents_of_data(deps, observed_sites):
+    """Latent sites on which the log-density of some site in ``observed_sites`` depends directly."""
     parents = {}
     for obs in observed_sites:
         for up in deps.get(obs, {}):
@@ -211,20 +215,22 @@ def hyper_candidates(model, *model_args, **model_kwargs):
     return _classify(potential, model_args, model_kwargs)[0]
 
 
-def _classify(potential, model_args, model_kwargs):
+def _classify(potential, model_args, model_kwargs, deps=None):
     """``(candidates, parents)``: the hyper candidates and ``{latent: an observed child}`` for the
-    latents that are parents of data in a subsample plate."""
+    latents that are parents of data in a subsample plate (``deps``: the model's
+    :func:`_prior_dependencies`, traced here if not given)."""
+    if deps is None:
+        deps = _prior_dependencies(potential.model, model_args, model_kwargs)
     observed = [o for sites in potential.observed.values() for o in sites]
-    parents = _latent_parents_of_data(potential.model, model_args, model_kwargs, observed)
+    parents = _latent_parents_of_data(deps, observed)
     return sorted(n for n in potential.view.names if n not in parents), parents
 
 
-def _sparse_groups(potential, hyper_names, model_args, model_kwargs):
+def _sparse_groups(potential, hyper_names, model_args, model_kwargs, deps):
     """``[(site, G)]`` for the latents that are children of a hyper site, lie in plates of G
     elements outside the subsample plates (group latents) and have G > S / MIN_ROWS_PER_GROUP:
     with each row in one group, a minibatch of S rows holds about S/G rows of each group."""
     model_args, model_kwargs = as_jax_args((model_args, model_kwargs))
-    deps = get_dependencies(potential.model, model_args, model_kwargs)["prior_dependencies"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tr = handlers.trace(handlers.seed(potential.model, 0)).get_trace(*model_args, **model_kwargs)
@@ -241,9 +247,9 @@ def _sparse_groups(potential, hyper_names, model_args, model_kwargs):
     return out
 
 
-def _resolve_hyper_sites(requested, potential, model_args, model_kwargs, name):
+def _resolve_hyper_sites(requested, potential, model_args, model_kwargs, name, deps=None):
     """The hyper sites to use: the requested ones, validated, or the detected candidates."""
-    candidates, parents = _classify(potential, model_args, model_kwargs)
+    candidates, parents = _classify(potential, model_args, model_kwargs, deps)
     latent = potential.view.names
     if requested is None:
         if not candidates:
@@ -574,9 +580,10 @@ class SGWithinGibbs(SGKernel):
     def _build(self, potential):
         if self._hyper_names is None:
             model_args, model_kwargs = self._setup_args if self._setup_args is not None else self._run_args
+            deps = _prior_dependencies(potential.model, model_args, model_kwargs)
             self._hyper_names = _resolve_hyper_sites(self._hyper_option, potential, model_args, model_kwargs,
-                                                     "SGWithinGibbs")
-            sparse = _sparse_groups(potential, self._hyper_names, model_args, model_kwargs)
+                                                     "SGWithinGibbs", deps)
+            sparse = _sparse_groups(potential, self._hyper_names, model_args, model_kwargs, deps)
             if sparse:
                 site, groups = sparse[0]
                 rows = min(p.subsample_size for p in potential.plates)
