@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import inspect
 import math
 import warnings
 
@@ -20,6 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro import handlers
 from numpyro.util import find_stack_level
+
+from . import arviz_compat
 
 __all__ = [
     "gaussian_kl",
@@ -92,22 +93,6 @@ def moment_errors(draws, ref_mean, ref_sd):
 
 
 # ---------------------------------------------------------------------------- ArviZ
-def _arviz():
-    import arviz as az
-
-    return az
-
-
-def _arviz_from_dict(groups, attrs=None):
-    """``az.from_dict`` for ArviZ 0.23 (groups as keywords, one attrs dict) and 1.x (one dict of
-    groups, attrs per group)."""
-    az = _arviz()
-    attrs = attrs or {}
-    if "data" in inspect.signature(az.from_dict).parameters:
-        return az.from_dict(groups, attrs={g: dict(attrs) for g in groups})
-    return az.from_dict(**groups, attrs=attrs)
-
-
 def _kernel_of(mcmc):
     from .base import SGKernel
 
@@ -335,7 +320,7 @@ def to_arviz(mcmc, *args, chunk_size=10_000, log_likelihood="auto", **kwargs):
         "num_divergences": int(np.sum(np.asarray(last.num_divergences))),
         "data_passes": float(np.sum(np.asarray(last.data_passes))),
     }
-    return _arviz_from_dict(groups, attrs=attrs)
+    return arviz_compat.from_dict(groups, attrs=attrs)
 
 
 # ---------------------------------------------------------------------------- comparison
@@ -383,10 +368,9 @@ def draws_of(run, names, transforms=None, unconstrained=False):
 
 def _ess(draws):
     """min bulk and min tail ESS over the columns of (chains, draws, P)."""
-    az = _arviz()
-    bulk = [float(az.ess(draws[..., j], method="bulk")) for j in range(draws.shape[-1])]
+    bulk = [arviz_compat.ess(draws[..., j], method="bulk") for j in range(draws.shape[-1])]
     # tail ESS = min of the 5 % and 95 % quantile ESS (ArviZ's default, explicit for ArviZ 1.x arrays)
-    tail = [float(az.ess(draws[..., j], method="tail", prob=(0.05, 0.95))) for j in range(draws.shape[-1])]
+    tail = [arviz_compat.ess(draws[..., j], method="tail", prob=(0.05, 0.95)) for j in range(draws.shape[-1])]
     return min(bulk), min(tail)
 
 

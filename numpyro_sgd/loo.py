@@ -8,8 +8,9 @@ streamed over the data in chunks, so memory is O(draws × (m + chunk)) whatever 
 * :func:`compare_loo` — a table of several models, with the elpd difference and its SE estimated
   from the same subsample (the difference estimator applied to pointwise differences).
 
-ArviZ 0.23 has no subsampled LOO (``hasattr(arviz, "loo_subsample")`` is False); ArviZ 1.x's
-arviz-stats has one but needs Python >= 3.12. The formulas follow ref [2] (and R's ``loo``
+ArviZ 0.23 has no subsampled LOO; ArviZ 1.x's arviz-stats has one (Python >= 3.12 only), which
+needs the full (draws, N) log-likelihood in memory. Pareto smoothing is the installed ArviZ's
+(:func:`numpyro_sgd.arviz_compat.psislw`), so with all N observations the result is ``arviz.loo``'s. The formulas follow ref [2] (and R's ``loo``
 package, ``loo_subsample`` with ``estimator = "diff_srs"``); the code is this package's own.
 
 **References:**
@@ -38,7 +39,8 @@ import numpy as np
 from jax import random
 from numpyro.util import find_stack_level
 
-from .diagnostics import _arviz, fit_gaussian, log_likelihood_chunks, run_model_args
+from . import arviz_compat
+from .diagnostics import fit_gaussian, log_likelihood_chunks, run_model_args
 
 __all__ = ["APPROXIMATIONS", "LooSubsample", "loo_subsample", "compare_loo"]
 
@@ -141,11 +143,6 @@ def _logsumexp(x, axis, b=None):
     mx = np.where(np.isfinite(mx), mx, 0.0)
     w = np.exp(x - mx) if b is None else b * np.exp(x - mx)
     return np.log(np.sum(w, axis=axis)) + np.squeeze(mx, axis=axis)
-
-
-def _psis(log_ratios, reff):
-    """Pareto-smoothed normalised log weights and k along the last axis (ArviZ's ``psislw``, ref [4])."""
-    return _arviz().psislw(np.asarray(log_ratios, float), reff)
 
 
 # ---------------------------------------------------------------------------- inputs
@@ -293,8 +290,7 @@ def _reff(samples, batch_ndims, num_draws):
     first = next(iter(samples.values()))
     if batch_ndims != 2 or first.shape[0] == 1:
         return 1.0
-    az = _arviz()
-    ess = [float(az.ess(v.reshape(v.shape[:2] + (-1,))[..., j], method="mean"))
+    ess = [arviz_compat.ess(v.reshape(v.shape[:2] + (-1,))[..., j], method="mean")
            for v in samples.values() for j in range(int(np.prod(v.shape[2:], dtype=int)))]
     return float(np.mean(ess)) / num_draws
 
@@ -419,7 +415,7 @@ def loo_subsample(run, samples=None, *, num_observations=400, observations=None,
     posterior_k = float("nan")
     if posterior_correction:
         correction = _log_joint_minus_log_g(kernel, theta, ll_total, args, kwargs)
-        lw_post, posterior_k = _psis(correction - correction.max(), 1.0)
+        lw_post, posterior_k = arviz_compat.psislw(correction - correction.max(), 1.0)
         posterior_k = float(posterior_k)
         log_ratios = log_ratios + (correction - correction.max())[None, :]
         lpd_i = _logsumexp(ll.T + lw_post[None, :], axis=1)
@@ -427,7 +423,7 @@ def loo_subsample(run, samples=None, *, num_observations=400, observations=None,
     else:
         lpd_i = _lpd(ll)
         reff = _reff(samples, batch_ndims, num_draws) if reff is None else reff
-    lw, pareto_k = _psis(log_ratios, reff)
+    lw, pareto_k = arviz_compat.psislw(log_ratios, reff)
     elpd_i = _logsumexp(ll.T + lw, axis=1)
     p_i = lpd_i - elpd_i
 

@@ -15,7 +15,7 @@ import numpyro.distributions as dist
 import pytest
 from numpyro.infer import MCMC
 
-from numpyro_sgd import SGLD, compare_loo, loo
+from numpyro_sgd import SGLD, arviz_compat, compare_loo, loo
 from numpyro_sgd import diagnostics as diag
 from numpyro_sgd.diagnostics import pointwise_log_likelihood, to_arviz
 from numpyro_sgd.loo import loo_subsample
@@ -47,13 +47,11 @@ def problem(n, d, seed, noise="normal", drop=0):
 
 
 def full_loo(kernel, samples, args):
-    import arviz as az
-
     ll = pointwise_log_likelihood(kernel, samples, args, chunk_size=50_000)
-    idata = az.from_dict(posterior=samples, log_likelihood=ll)
+    idata = arviz_compat.from_dict({"posterior": samples, "log_likelihood": ll})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return az.loo(idata, pointwise=True)
+        return arviz_compat.loo(idata)
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +81,24 @@ def test_matches_full_psis_loo_at_large_n(large):
     assert abs(res.elpd_loo - ref.elpd_loo) <= 1e-4 * abs(ref.elpd_loo)
     assert res.se == pytest.approx(ref.se, rel=0.1)
     assert res.p_loo == pytest.approx(ref.p_loo, abs=3 * res.p_loo_subsampling_se + 0.5)
+
+
+def test_all_observations_is_the_installed_arviz_loo():
+    """m = N, no posterior correction: there is no subsampling, so elpd_loo, p_loo and every
+    pointwise term are those of ``arviz.loo`` of the installed ArviZ (0.23 or 1.x) on the same draws,
+    to 1e-8 relative; the Pareto smoothing is that ArviZ's (``arviz_compat.psislw``), and
+    ``psislw``'s weights are normalised. Runs on whichever ArviZ is installed."""
+    kernel, samples, args = problem(2_000, 3, seed=5, noise="t")
+    ref = full_loo(kernel, samples, args)
+    res = loo_subsample(kernel, samples, model_args=args, num_observations=2_000, posterior_correction=False)
+    assert res.subsampling_se == 0
+    assert res.elpd_loo == pytest.approx(ref.elpd_loo, rel=1e-8)
+    assert res.p_loo == pytest.approx(ref.p_loo, rel=1e-8)
+    np.testing.assert_allclose(res.elpd_loo_i, ref.loo_i, rtol=1e-8)
+    np.testing.assert_allclose(res.pareto_k, ref.pareto_k, rtol=1e-8)
+    lw, k = arviz_compat.psislw(np.random.default_rng(0).standard_t(3, (4, 400)), reff=0.9)
+    np.testing.assert_allclose(np.exp(lw).sum(-1), 1.0, rtol=1e-12)
+    assert k.shape == (4,) and np.all(np.isfinite(k))
 
 
 def test_posterior_correction_and_lpd_agree(large):
@@ -202,12 +218,13 @@ def run():
 def test_to_arviz_auto_skips_above_limit(run, monkeypatch):
     """2 chains × 60 draws × 300 × 4 bytes = 144,000 bytes: computed under the default limit,
     skipped with the warning under a limit of 100,000 bytes; True still forces it."""
-    assert "log_likelihood" in to_arviz(run).groups()
+    groups = arviz_compat.group_names
+    assert "log_likelihood" in groups(to_arviz(run))
     monkeypatch.setattr(diag, "LOG_LIKELIHOOD_AUTO_MAX_BYTES", 100_000)
     with pytest.warns(UserWarning, match=r"would take 0 MiB.*log_likelihood=True.*loo_subsample"):
         idata = to_arviz(run)
-    assert "log_likelihood" not in idata.groups() and "posterior" in idata.groups()
-    assert "log_likelihood" in to_arviz(run, log_likelihood=True).groups()
+    assert "log_likelihood" not in groups(idata) and "posterior" in groups(idata)
+    assert "log_likelihood" in groups(to_arviz(run, log_likelihood=True))
     with pytest.raises(ValueError, match="log_likelihood must be True, False or 'auto'"):
         to_arviz(run, log_likelihood="yes")
 
