@@ -186,7 +186,6 @@ def run_pipeline(args, clock, X, y, key):
     steps_per_pass = -(-n // s)
     warmup_steps = args.warmup_passes * steps_per_pass
     adam_steps, noise_steps = int(0.4 * warmup_steps), warmup_steps - int(0.4 * warmup_steps)
-    sample_steps = args.num_samples * steps_per_pass
 
     def potential(w, idx, X, y):
         m = handlers.substitute(model, data={"data": idx})

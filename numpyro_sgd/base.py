@@ -37,6 +37,7 @@ frozen preconditioner or the warmup state during sampling) is read, never re-che
 from __future__ import annotations
 
 import math
+import sys
 import warnings
 from typing import Callable, NamedTuple, Optional
 
@@ -138,6 +139,10 @@ class SGState(NamedTuple):
     #: the algorithm's own state (step sizes, preconditioner, momentum, warmup estimators, ...)
     kernel_state: NamedTuple
     rng_key: jnp.ndarray
+    #: MCMC iterations still to pass through unchanged: warmup runs inside :meth:`SGKernel.init`
+    #: (its own compiled program), so NumPyro's ``num_warmup`` warmup iterations return the
+    #: post-warmup state as it is (0 once they are done, and for a burn-in-only warmup)
+    idle_iterations: jnp.ndarray
 
     @property
     def data_passes(self):
@@ -276,6 +281,25 @@ def _changed_finite(new_state, old_state):
     return jnp.all(jnp.stack(checks)) if checks else jnp.array(True)
 
 
+def _calling_mcmc_shows_progress(max_frames=8):
+    """Whether the ``numpyro.infer.MCMC`` that called :meth:`SGKernel.init` shows a progress bar.
+
+    NumPyro's ``MCMC`` calls ``kernel.init`` without saying; it is found on the call stack (its
+    ``self``). False when the kernel is initialised by hand.
+    """
+    from numpyro.infer import MCMC
+
+    frame = sys._getframe(2)
+    for _ in range(max_frames):
+        if frame is None:
+            break
+        caller = frame.f_locals.get("self")
+        if isinstance(caller, MCMC):
+            return bool(caller.progress_bar)
+        frame = frame.f_back
+    return False
+
+
 class ProgressText(str):
     """A progress-bar postfix rendered when it is displayed, not when it is set.
 
@@ -402,6 +426,7 @@ class SGKernel(MCMCKernel):
         self._algorithm = None
         self._sample_fn = None
         self._init_program = None
+        self._warmup_program = None
         self._cost_checked = None  # the model arguments fixed_step_cost was checked for
         self._data_checked = None  # the model arguments found finite where the likelihood reads them
 
@@ -486,6 +511,7 @@ class SGKernel(MCMCKernel):
         state["_sample_fn"] = None
         state["_algorithm"] = None  # rebuilt from the potential on demand (holds closures)
         state["_init_program"] = None
+        state["_warmup_program"] = None
         state["_cost_checked"] = None
         state["_data_checked"] = None
         return state
@@ -733,7 +759,7 @@ class SGKernel(MCMCKernel):
                 num_divergences=zero, first_divergence=zero - 1, diverging=jnp.array(False),
                 num_warmup_steps=jnp.asarray(num_warmup_steps, jnp.int32),
                 shuffle_key=random.key_data(k_shuffle),
-                kernel_state=algorithm.init(k_state, theta, num_warmup_steps), rng_key=key,
+                kernel_state=algorithm.init(k_state, theta, num_warmup_steps), rng_key=key, idle_iterations=zero,
             )
 
         init_chains = jax.vmap(init_one, in_axes=(0, 0, None, None)) if vectorized else init_one
@@ -746,6 +772,7 @@ class SGKernel(MCMCKernel):
                 "model (e.g. data outside the likelihood's support) or pass another init_strategy / "
                 "init_params."
             )
+        state = self._warmup(state, num_warmup, model_args, model_kwargs)
         self._sample_fn = self.sample
         return state
 
@@ -819,27 +846,33 @@ class SGKernel(MCMCKernel):
         model_kwargs = {k: names[k] if k in names and _is_tracer(v) else v for k, v in model_kwargs.items()}
         return model_args, model_kwargs
 
-    def sample(self, state, model_args, model_kwargs):
-        """One iteration: ``steps_per_sample`` SG steps (warmup: ``warmup_steps_per_iteration``)
-        in one compiled loop.
+    def _plain_burn_in(self):
+        """Whether warmup is sampling under another name: nothing adapts, and a warmup iteration is
+        a sampling iteration (same step, minibatch law and number of steps). Then NumPyro's
+        warmup iterations simply sample, in the one compiled program; otherwise warmup runs
+        inside :meth:`init` (:meth:`_warmup`)."""
+        alg = self._get_algorithm()
+        return (alg.end_warmup is None and alg.sample_steps is None and alg.warmup_step is alg.sample_step
+                and self._warmup_subsample == self._subsample
+                and self._warmup_steps_per_iteration == self._steps_per_sample)
 
-        The phase (warmup or sampling) is decided once per call and outside the vmap over
-        chains (all chains share ``i``). ``num_warmup_steps`` is a multiple of the warmup
-        block, so a block never straddles the end of warmup; the block that ends warmup freezes
-        the adapted quantities (``end_warmup``). Inside the block the flat θ is carried (not the
-        dict ``z``).
+    def _iteration(self, state, model_args, model_kwargs, warmup):
+        """One MCMC iteration of every chain: ``warmup_steps_per_iteration`` warmup steps (the
+        iteration that ends warmup freezes what it adapted, ``end_warmup``), or
+        ``steps_per_sample`` sampling steps, in one compiled loop; then the algorithm's
+        ``end_block``. Only the phase asked for is traced.
+
+        ``num_warmup_steps`` is a multiple of the warmup block, so a block never straddles the
+        end of warmup. Inside the block the flat θ is carried (not the dict ``z``).
         """
-        model_args, model_kwargs = self._static(model_args, {} if model_kwargs is None else model_kwargs)
-        _warn_constant_data(type(self).__name__, model_args, model_kwargs)
         alg = self._get_algorithm()
         view = self.potential.view
         vectorized = jnp.ndim(state.i) > 0
-        k, k_warmup = self._steps_per_sample, self._warmup_steps_per_iteration
         over_chains = jax.vmap if vectorized else (lambda f: f)
-
         # every chain is at the same SG step: passing it unbatched keeps an algorithm's
         # `lax.cond` on the step (SGFS's refresh) a branch under vmap, not a select of both
         i = state.i[0] if vectorized else state.i
+        w = state.num_warmup_steps[0] if vectorized else state.num_warmup_steps
 
         def block(step_fn, method, steps):
             def chain(s, theta):
@@ -856,36 +889,96 @@ class SGKernel(MCMCKernel):
             oracle = self._oracle(s, model_args, model_kwargs, self._subsample)
             return s._replace(kernel_state=alg.end_warmup(theta, s.kernel_state, oracle)), theta
 
-        w = state.num_warmup_steps[0] if vectorized else state.num_warmup_steps
-        adapts = alg.end_warmup is not None
-
-        def warmup(carry):
-            carry = over_chains(block(alg.warmup_step, self._warmup_subsample, k_warmup))(*carry)
-            if not adapts:
-                return carry
-            return lax.cond(i + k_warmup >= w, over_chains(end_warmup), lambda *c: c, *carry)
-
         state = state._replace(diverging=jnp.zeros_like(state.diverging))
         sampling = state.i >= state.num_warmup_steps
         theta = over_chains(view.ravel)(state.z)
         if alg.start_block is not None:
             theta, ks = over_chains(alg.start_block)(theta, state.kernel_state)
             state = state._replace(kernel_state=ks)
-        if alg.sample_steps is not None and self._steps_per_sample_option is None:
-            # chosen at the end of warmup (a traced count; one for all chains, which share i)
-            k = jnp.max(alg.sample_steps(state.kernel_state))
-        sample_block = over_chains(block(alg.sample_step, self._subsample, k))
-        if (not adapts and alg.warmup_step is alg.sample_step and self._warmup_subsample == self._subsample
-                and k_warmup == k):
-            state, theta = sample_block(state, theta)  # warmup is plain burn-in: no phase switch
+        if warmup:
+            k = self._warmup_steps_per_iteration
+            state, theta = over_chains(block(alg.warmup_step, self._warmup_subsample, k))(state, theta)
+            if alg.end_warmup is not None:
+                state, theta = lax.cond(i + k >= w, over_chains(end_warmup), lambda *c: c, state, theta)
         else:
-            state, theta = lax.cond(i < w, warmup, lambda c: sample_block(*c), (state, theta))
+            k = self._steps_per_sample
+            if alg.sample_steps is not None and self._steps_per_sample_option is None:
+                # chosen at the end of warmup (a traced count; one for all chains, which share i)
+                k = jnp.max(alg.sample_steps(state.kernel_state))
+            state, theta = over_chains(block(alg.sample_step, self._subsample, k))(state, theta)
         if alg.end_block is not None:
             def end_block(s, theta, sampling):
                 return self._end_block(s, theta, sampling, model_args, model_kwargs)
 
             state, theta = over_chains(end_block)(state, theta, sampling)
         return state._replace(z=over_chains(view.unravel)(theta))
+
+    def _warmup(self, state, num_warmup, model_args, model_kwargs):
+        """Run the ``num_warmup`` warmup iterations inside :meth:`init`, as a program of their own.
+
+        NumPyro compiles the kernel's :meth:`sample` into one loop over warmup and sampling
+        iterations (and compiles it again for each of ``mcmc.warmup`` and ``mcmc.run``), so a
+        :meth:`sample` that could warm up would carry every warmup step, ``end_warmup`` and its
+        curvature estimates into each of those programs. Here warmup is compiled once, and the
+        returned state passes NumPyro's warmup iterations through unchanged
+        (``idle_iterations``): the program NumPyro compiles holds only the sampling step, the
+        rejection guard and the counters. The program is kept for the next :meth:`init` with the
+        same arguments. When the calling ``MCMC`` shows a progress bar, warmup runs in about 20
+        calls of the same program with a bar of its own. Under ``pmap``
+        (``chain_method="parallel"``) the loop is part of NumPyro's traced init.
+        """
+        if self._plain_burn_in() or (not _is_tracer(num_warmup) and num_warmup == 0):
+            return state
+        if _is_tracer((state, model_args, model_kwargs)):
+            state = lax.fori_loop(0, num_warmup, lambda _, s: self._iteration(s, model_args, model_kwargs, True),
+                                  state)
+        else:
+            arrays, rebuild, key = _split_arrays(model_args, model_kwargs)
+            key = (key, self._warmup_steps_per_iteration, jax.tree.structure(state),
+                   tuple((jnp.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(state)))
+            if self._warmup_program is None or self._warmup_program[0] != key:
+                def program(state, num_iterations, arrays):
+                    args, kwargs = rebuild(arrays)
+                    return lax.fori_loop(0, num_iterations, lambda _, s: self._iteration(s, args, kwargs, True),
+                                         state)
+
+                self._warmup_program = (key, jax.jit(program), arrays)
+            program = self._warmup_program[1]
+            if _calling_mcmc_shows_progress() and num_warmup > 1:
+                state = self._warmup_with_progress(program, state, num_warmup, arrays)
+            else:
+                state = program(state, jnp.asarray(num_warmup, jnp.int32), arrays)
+        return state._replace(idle_iterations=jnp.full_like(state.idle_iterations, num_warmup))
+
+    def _warmup_with_progress(self, program, state, num_warmup, arrays, calls=20):
+        from tqdm.auto import tqdm
+
+        size = -(-num_warmup // calls)
+        with tqdm(total=num_warmup, desc="warmup", dynamic_ncols=True) as bar:
+            done = 0
+            while done < num_warmup:
+                n = min(size, num_warmup - done)
+                state = program(state, jnp.asarray(n, jnp.int32), arrays)
+                done += n
+                bar.set_postfix_str(str(self.get_diagnostics_str(state)), refresh=False)
+                bar.update(n)
+        return state
+
+    def sample(self, state, model_args, model_kwargs):
+        """One MCMC iteration: ``steps_per_sample`` SG steps in one compiled loop, or, for the
+        ``num_warmup`` iterations after a warmup that ran inside :meth:`init`, the state as it is
+        (``idle_iterations``). Only the sampling phase is traced (:meth:`_warmup`)."""
+        model_args, model_kwargs = self._static(model_args, {} if model_kwargs is None else model_kwargs)
+        _warn_constant_data(type(self).__name__, model_args, model_kwargs)
+        if self._plain_burn_in():
+            return self._iteration(state, model_args, model_kwargs, False)
+        vectorized = jnp.ndim(state.i) > 0
+        idle = state.idle_iterations[0] if vectorized else state.idle_iterations
+
+        def pass_through(s):
+            return s._replace(idle_iterations=s.idle_iterations - 1, diverging=jnp.zeros_like(s.diverging))
+
+        return lax.cond(idle > 0, pass_through, lambda s: self._iteration(s, model_args, model_kwargs, False), state)
 
     def _end_block(self, state, theta, sampling, model_args, model_kwargs):
         oracle = self._oracle(state, model_args, model_kwargs, self._subsample)

@@ -88,12 +88,13 @@ def constant_sgd(potential, preconditioner="auto", *, step_size=None, momentum=1
     :return: :class:`~numpyro_sgd.base.SGAlgorithm`.
     """
     preconditioner = resolve_preconditioner(preconditioner, potential.dim)
-    warmup = noise_warmup(potential, preconditioner == "full", name, **warmup_options)
     full = preconditioner == "full"
     without_replacement = subsample == "without_replacement"
     # the KL-optimal chain forgets its start in about one data pass when the model is well
-    # specified; with the full P its own relaxation time is measured at the end of warmup
+    # specified; with the full P its own relaxation time is measured at the end of warmup, from
+    # the Hessian the warmup's Newton check took (or, without that check, one taken there)
     adapts_steps = measure_relaxation and full and step_size is None and momentum == 1.0
+    warmup = noise_warmup(potential, full, name, **warmup_options, keep_hessian=adapts_steps)
 
     def init(rng_key, theta, num_warmup_steps):
         d, dtype = theta.shape[0], theta.dtype
@@ -130,7 +131,10 @@ def constant_sgd(potential, preconditioner="auto", *, step_size=None, momentum=1
                                                  step_size, potential.num_data, potential.batch_size)
         factor = state.momentum if step_size is None else 1.0
         if adapts_steps:  # the slowest direction of P A sets the steps per returned sample
-            steps = relaxation_steps(precond, oracle.hessian_estimate(theta), potential.steps_per_pass)
+            hessian = state.warmup.hessian
+            if jnp.ndim(hessian) != 2:  # no Newton check in this warmup (warmup_newton=False, D > 1000)
+                hessian = oracle.hessian_estimate(theta)
+            steps = relaxation_steps(precond, hessian, potential.steps_per_pass)
             state = state._replace(steps_per_sample=steps)
         return state._replace(preconditioner=(precond * factor).astype(noise.dtype),
                               step_size=jnp.asarray(eps * factor, noise.dtype), correction=jnp.asarray(c, noise.dtype),
@@ -245,7 +249,7 @@ class ConstantSGD(SGKernel):
 
     def __init__(self, model, preconditioner="auto", *, step_size=None, momentum=1.0,
                  discrete_time_correction=True, prior_noise=False, noise_estimator=None, adam_fraction=0.4,
-                 noise_window=0.4, adam_lr=(0.1, 1e-3), warmup_max_step=1.0, warmup_newton=False, **kwargs):
+                 noise_window=0.4, adam_lr=(0.1, 1e-3), warmup_max_step=1.0, warmup_newton=True, **kwargs):
         if preconditioner not in PRECONDITIONERS + ("auto",):
             raise ValueError(
                 f"ConstantSGD: unknown preconditioner {preconditioner!r}; choose one of {PRECONDITIONERS + ('auto',)}."

@@ -349,7 +349,7 @@ class IASG(SGKernel):
 
     def __init__(self, model, step_size=None, window=None, preconditioner="auto", *, window_error=0.05,
                  check_validity=True, noise_estimator=None, adam_fraction=0.4, noise_window=0.4, adam_lr=(0.1, 1e-3),
-                 warmup_max_step=1.0, warmup_newton=False, **kwargs):
+                 warmup_max_step=1.0, warmup_newton=True, **kwargs):
         if "steps_per_sample" in kwargs:
             raise TypeError("IASG: steps_per_sample is the averaging window; pass window=T instead.")
         if preconditioner is None:  # the old name of H = I

@@ -222,7 +222,7 @@ class SGFS(SGKernel):
 
     def __init__(self, model, preconditioner="auto", *, step_size=None, max_step=None, refresh_every=None,
                  online=True, noise_estimator=None, adam_fraction=0.4, noise_window=0.4, adam_lr=(0.1, 1e-3),
-                 warmup_max_step=1.0, warmup_newton=False, **kwargs):
+                 warmup_max_step=1.0, warmup_newton=True, **kwargs):
         if preconditioner not in ("auto", "full", "diag"):
             raise ValueError(f"SGFS: unknown preconditioner {preconditioner!r}; choose 'full', 'diag' or 'auto'.")
         step_size = check_positive("SGFS", "step_size", step_size, "a positive float (Mandt's ε)", allow_none=True)

@@ -20,14 +20,13 @@ SG steps:
 
 Adam moves in absolute units (about ``adam_lr`` per step), and phase 2's step limits its own
 length far from the mode, so on a posterior whose sds are tiny in absolute units (predictors in
-small units) both stop thousands of sds from the mode with no rejected step. With
-``warmup_newton=True``, at the hand-over from Adam (:func:`newton_to_mode`) warmup measures its
-distance to the mode in posterior units — the Newton decrement on a fixed minibatch — and, when
-it is far beyond what minibatch noise explains, jumps to the mode region by damped Newton steps,
-which are invariant to the units of θ; a run already in the mode region is left as it was. It is
-off by default because the Newton branch is compiled into every run (measured: +0.5–1.5 s of
-compile per kernel on a 2-core CPU, against 2–5 s without it), while the failure it prevents
-is rare and :func:`~numpyro_sgd.check_run` (and ``to_arviz``/``compare``) name it and this fix.
+small units) both would stop thousands of sds from the mode with no rejected step. So at the
+hand-over from Adam (:func:`newton_to_mode`; ``warmup_newton=True``, the default, up to
+D = :data:`NEWTON_MAX_DIM`) warmup measures its distance to the mode in posterior units — the
+Newton decrement on a fixed minibatch — and, when it is far beyond what minibatch noise
+explains, jumps to the mode region by damped Newton steps, which are invariant to the units of
+θ; a run already in the mode region is left as it was. The Hessian this check takes is kept for
+the sampler's hand-over (ConstantSGD-full's relaxation time), so no second Hessian is compiled.
 
 Per-example gradients, the moments, the noise average and the factorisation of the full M are
 taken on every k-th step only (:func:`warmup_refresh_every`); the steps between take the plain
@@ -63,7 +62,7 @@ __all__ = ["WarmupState", "WarmupSummary", "NoiseWarmup", "noise_warmup", "WARMU
 
 #: defaults of the warmup options every noise-adapting kernel accepts
 WARMUP_DEFAULTS = dict(noise_estimator=None, adam_fraction=0.4, noise_window=0.4, adam_lr=(0.1, 1e-3),
-                       warmup_max_step=1.0, warmup_newton=False)
+                       warmup_max_step=1.0, warmup_newton=True)
 
 
 class WarmupState(NamedTuple):
@@ -90,6 +89,9 @@ class WarmupState(NamedTuple):
     #: Cholesky factor of the phase-2 preconditioner M + Λ⁺ (+ jitter), refreshed with the
     #: moments (full only; a placeholder () for the diagonal)
     factor: jnp.ndarray
+    #: ∇²Û_B on the fixed minibatch where the Newton check at the hand-over from Adam ended
+    #: (NaN before it; a placeholder () unless the kernel keeps it, see ``keep_hessian``)
+    hessian: jnp.ndarray = ()
 
 
 class WarmupSummary(NamedTuple):
@@ -139,7 +141,7 @@ def warmup_refresh_every(dim):
 
 
 def check_warmup_options(name, noise_estimator=None, adam_fraction=0.4, noise_window=0.4, adam_lr=(0.1, 1e-3),
-                         warmup_max_step=1.0, warmup_newton=False):
+                         warmup_max_step=1.0, warmup_newton=True):
     """Validate the warmup options in a kernel's ``__init__`` (before any compute); returns them as a dict."""
     if noise_estimator is not None and noise_estimator not in NOISE_ESTIMATORS:
         raise ValueError(f"{name}: unknown noise_estimator {noise_estimator!r}; choose one of {NOISE_ESTIMATORS}.")
@@ -161,7 +163,7 @@ def check_warmup_options(name, noise_estimator=None, adam_fraction=0.4, noise_wi
 
 
 def noise_warmup(potential, full, name, noise_estimator=None, adam_fraction=0.4, noise_window=0.4,
-                 adam_lr=(0.1, 1e-3), warmup_max_step=1.0, warmup_newton=False):
+                 adam_lr=(0.1, 1e-3), warmup_max_step=1.0, warmup_newton=True, keep_hessian=False):
     """Build the warmup adapter for the traced model (see the module docstring).
 
     :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential` (plates, D).
@@ -169,6 +171,9 @@ def noise_warmup(potential, full, name, noise_estimator=None, adam_fraction=0.4,
     :param str name: the kernel's name, for messages.
     :param bool warmup_newton: Newton steps to the mode region at the hand-over from Adam when
         warmup is far from the mode in posterior units (module docstring; D ≤ 1000).
+    :param bool keep_hessian: keep the Hessian estimate ∇²Û_B that the Newton check takes at the
+        hand-over (``WarmupState.hessian``, D × D) for the sampler's end of warmup (ConstantSGD's
+        relaxation time), so that no second Hessian program is compiled; needs ``warmup_newton``.
     """
     sizes = tuple(p.subsample_size for p in potential.plates)
     method = noise_estimator or ("minibatch" if min(sizes) >= 2 else "pooled")
@@ -183,6 +188,7 @@ def noise_warmup(potential, full, name, noise_estimator=None, adam_fraction=0.4,
     ema = (0.99, 0.01) if refresh_every == 1 else (0.99**refresh_every, 1.0 - 0.99**refresh_every)
     adam = optax.scale_by_adam(b1=0.9, b2=0.9)
     rescue = warmup_newton and potential.dim <= NEWTON_MAX_DIM
+    keep_hessian = keep_hessian and rescue
 
     def init(theta, num_warmup_steps):
         if isinstance(num_warmup_steps, int) and num_warmup_steps < 20:
@@ -204,6 +210,7 @@ def noise_warmup(potential, full, name, noise_estimator=None, adam_fraction=0.4,
             adam_lr=jnp.asarray(adam_lr, dtype),
             max_step=jnp.asarray(warmup_max_step, dtype),
             factor=jnp.eye(theta.shape[0], dtype=dtype) if full else jnp.zeros((), dtype),
+            hessian=jnp.full((theta.shape[0],) * 2, jnp.nan, dtype) if keep_hessian else jnp.zeros((), dtype),
         )
 
     def phase_starts(num_warmup_steps):
@@ -245,6 +252,8 @@ def noise_warmup(potential, full, name, noise_estimator=None, adam_fraction=0.4,
         ws = ws._replace(second_moment=jnp.where(moved, second, ws.second_moment))
         if full:
             ws = ws._replace(factor=jnp.where(moved, preconditioner_factor(second, ws.prior_curvature), ws.factor))
+        if keep_hessian:
+            ws = ws._replace(hessian=hessian.astype(theta.dtype))
         return jnp.where(moved, new_theta, theta), ws
 
     def moments(step, theta, ws, oracle, indices):

@@ -11,6 +11,7 @@ reuses its compiled step across runs (its ``progress_bar=False`` loop is recompi
 import warnings
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 import numpyro
@@ -103,3 +104,71 @@ def test_kept_init_program_follows_the_number_of_chains():
     mcmc = MCMC(kernel, num_warmup=20, num_samples=5, num_chains=2, chain_method="vectorized", progress_bar=False)
     mcmc.run(jax.random.key(0), X, Y, S)
     assert mcmc.get_samples(group_by_chain=True)["w"].shape == (2, 5, 3)
+
+
+def _primitives(jaxpr, out=None):
+    """Names of every primitive in a closed jaxpr, sub-jaxprs (loops, branches) included."""
+    out = set() if out is None else out
+    for eqn in jaxpr.eqns:
+        out.add(eqn.primitive.name)
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            _primitives(sub, out)
+    return out
+
+
+class CountedModel:
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, x, y, subsample_size):
+        self.calls += 1
+        model(x, y, subsample_size)
+
+
+@pytest.mark.parametrize("make, warmup_only", [
+    (lambda m: ConstantSGD(m, "full"), {"cholesky", "eigh"}),
+    (lambda m: SGFS(m), {"eigh"}),  # SGFS's own sampling step refactorises its online Fisher
+    (lambda m: SGLD(m), {"cholesky", "eigh"}),  # default step: a noise warmup, then the step is frozen
+], ids=["ConstantSGD-full", "SGFS", "SGLD"])
+def test_sampling_program_holds_no_warmup_code(make, warmup_only):
+    """Warmup runs inside ``init`` as a program of its own: what NumPyro compiles for
+    ``mcmc.run`` after ``mcmc.warmup`` traces the model twice only (the sampling step's minibatch
+    potential and NumPyro's ``postprocess_fn``), and the kernel's ``sample`` holds none of warmup's
+    linear algebra (the Cholesky factor of the warmup preconditioner, the Newton check's
+    eigendecomposition). Before warmup moved into ``init``, ``sample`` traced both phases: the
+    model 5–7 times and both primitives. (NumPyro keeps the ``postprocess_fn`` it compiled in
+    ``mcmc.warmup``, so ``mcmc.run`` may trace the model once only.)"""
+    counted = CountedModel()
+    mcmc = MCMC(make(counted), num_warmup=30, num_samples=5, num_chains=2, chain_method="vectorized",
+                progress_bar=False, jit_model_args=True)
+    mcmc.warmup(jax.random.key(0), X, Y, S)
+    state = mcmc.post_warmup_state
+    assert int(state.idle_iterations[0]) == 0 and int(state.i[0]) == int(state.num_warmup_steps[0])
+    counted.calls = 0
+    mcmc.run(jax.random.key(1), X, Y, S)
+    assert 1 <= counted.calls <= 2
+    kernel = mcmc.sampler
+    counted.calls = 0
+    jaxpr = jax.make_jaxpr(lambda s: kernel.sample(s, (X, Y, S), {}))(state)
+    assert counted.calls == 1
+    used = _primitives(jaxpr.jaxpr)
+    assert not used & warmup_only, used & warmup_only
+    # the warmup program does hold them (so the check can fail)
+    counted.calls = 0
+    init_state = kernel.init(jax.random.key(2), 30, None, (X, Y, S), {})
+    warm = jax.make_jaxpr(lambda s: kernel._iteration(s, (X, Y, S), {}, True))(init_state)
+    assert warmup_only <= _primitives(warm.jaxpr) and counted.calls >= 3
+
+
+def test_warmup_iterations_pass_the_warmed_up_state_through():
+    """A plain ``mcmc.run``: NumPyro's warmup iterations return the state that ``init``'s warmup
+    produced (no SG step is taken in them), and the sampling iterations then take
+    ``steps_per_sample`` steps each."""
+    mcmc = MCMC(ConstantSGD(model, steps_per_sample=5), num_warmup=20, num_samples=4, progress_bar=False)
+    mcmc.warmup(jax.random.key(0), X, Y, S, collect_warmup=True, extra_fields=("i", "idle_iterations"))
+    fields = mcmc.get_extra_fields()
+    steps = mcmc.sampler.warmup_steps_per_iteration * 20
+    np.testing.assert_array_equal(fields["i"], np.full(20, steps))
+    np.testing.assert_array_equal(fields["idle_iterations"], np.arange(19, -1, -1))
+    mcmc.run(jax.random.key(1), X, Y, S, extra_fields=("i",))
+    np.testing.assert_array_equal(mcmc.get_extra_fields()["i"], steps + 5 * np.arange(1, 5))

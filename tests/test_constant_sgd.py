@@ -294,9 +294,10 @@ def test_warmup_with_sparse_refreshes_estimates_the_noise(wide_linreg):
 
 
 def test_progress_text_during_warmup_says_so(small_linreg):
-    """Before warmup ends ε is not estimated yet: the progress bar says so instead of 'ε nan'."""
+    """Before warmup ends ε is not estimated yet: the progress bar says so instead of 'ε nan'
+    (num_warmup=0: init returns the state before any warmup step)."""
     k = ConstantSGD(small_linreg.model)
-    state = k.init(jax.random.key(0), 5, None, small_linreg.args, {})
+    state = k.init(jax.random.key(0), 0, None, small_linreg.args, {})
     text = k.get_diagnostics_str(state)
     assert "warmup: estimating ε" in text and "nan" not in text
 

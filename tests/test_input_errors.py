@@ -31,9 +31,9 @@ def model(X, Y, subsample_size=50):
         numpyro.sample("y", dist.Normal(X[idx] @ w, 1.0), obs=Y[idx])
 
 
-def _init(kernel, *args, init_params=None, rng_key=None):
+def _init(kernel, *args, init_params=None, rng_key=None, num_warmup=10):
     rng_key = jax.random.key(0) if rng_key is None else rng_key
-    return kernel.init(rng_key, 10, init_params, args, {})
+    return kernel.init(rng_key, num_warmup, init_params, args, {})
 
 
 # ---------------------------------------------------------------------------- case 1: subsample_size
@@ -171,7 +171,8 @@ def test_unbatched_init_params_for_vectorized_chains():
 
 
 def test_list_init_params_are_converted():
-    state = _init(ConstantSGD(model), X, Y, init_params={"w": [0.25, -0.5]})
+    # num_warmup=0: init returns the initial point (otherwise the state after warmup)
+    state = _init(ConstantSGD(model), X, Y, init_params={"w": [0.25, -0.5]}, num_warmup=0)
     np.testing.assert_array_equal(state.z["w"], [0.25, -0.5])
 
 
