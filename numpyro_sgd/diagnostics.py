@@ -828,8 +828,8 @@ def check_run(mcmc, *, gradient=True, warn=True):
                 f"{name}: split R-hat {rhat:.3g} > {RHAT_MAX} for {_coordinate(draws, site, j)} (unconstrained): "
                 "the chain drifts between the halves of the run, or the chains sit in different places, so "
                 "the draws are not yet from a stationary law and their means and sds are biased. Try a longer "
-                "warmup (warmup_passes), predictors rescaled to unit scale or warmup_newton=True (warmup's first "
-                "phase moves in absolute units), or init_params near the mode." + _gibbs_hint(kernel))
+                "warmup (warmup_passes), predictors rescaled to unit scale (warmup's first phase moves in absolute "
+                "units; keep warmup_newton=True, the default), or init_params near the mode." + _gibbs_hint(kernel))
         site, j, ess = _worst(effective_sample_size, draws, np.argmin)
         if not ess >= ESS_MIN:
             messages.append(
@@ -917,7 +917,7 @@ def _mode_offset_messages(kernel, mcmc, state, draws, name):
                 f"{name}: chain {c}'s mean is {offset:.3g} posterior sds from the mode (full-data gradient at "
                 "the mean, in units of the draws' covariance): the chain settled away from the posterior, "
                 "e.g. after a warmup that did not reach the mode. Try a longer warmup (warmup_passes), "
-                "predictors rescaled to unit scale, warmup_newton=True, or init_params near the mode."
+                "predictors rescaled to unit scale (keep warmup_newton=True, the default), or init_params near the mode."
                 + _gibbs_hint(kernel))
     return messages
 

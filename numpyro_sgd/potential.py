@@ -38,7 +38,7 @@ from numpyro.primitives import Messenger
 
 from .validation import check_model_args, check_param_values
 
-__all__ = ["PlateInfo", "SubsampledPotential", "MinibatchOracle", "SUBSAMPLE_METHODS"]
+__all__ = ["PlateInfo", "SubsampledPotential", "MinibatchOracle", "SUBSAMPLE_METHODS", "uniform_indices"]
 
 #: How minibatch indices are drawn. ``"with_replacement"`` (default) draws S i.i.d. uniform
 #: indices; ``"without_replacement"`` draws a fresh uniformly random S-subset every step;
@@ -46,6 +46,52 @@ __all__ = ["PlateInfo", "SubsampledPotential", "MinibatchOracle", "SUBSAMPLE_MET
 #: epoch). Shuffling makes consecutive gradients negatively correlated and shrinks the
 #: stationary spread (ALGORITHMS.md, measured facts), so kernels only allow it for warmup.
 SUBSAMPLE_METHODS = ("with_replacement", "without_replacement", "shuffle")
+
+
+# ---------------------------------------------------------------------------- index draws
+_GOLDEN = 0x9E3779B9  # ⌊2³² / φ⌋: spreads consecutive counters over the 32-bit words
+
+
+def _fmix32(x):
+    """MurmurHash3's 32-bit finaliser: a bijection of uint32 in which every input bit flips each
+    output bit with probability close to ½ (two xor-shift-multiply rounds)."""
+    x = x ^ (x >> 16)
+    x = x * jnp.uint32(0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = x * jnp.uint32(0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+def _mul_wide(a, b):
+    """(high, low) 32-bit words of the 64-bit product a·b of uint32 arrays (16-bit limbs)."""
+    mask = jnp.uint32(0xFFFF)
+    a0, a1, b0, b1 = a & mask, a >> 16, b & mask, b >> 16
+    p00, p01, p10, p11 = a0 * b0, a0 * b1, a1 * b0, a1 * b1
+    mid = (p00 >> 16) + (p01 & mask) + (p10 & mask)
+    return p11 + (p01 >> 16) + (p10 >> 16) + (mid >> 16), (p00 & mask) | (mid << 16)
+
+
+def uniform_indices(rng_key, size, n, stream=0):
+    """``size`` i.i.d. uniform integers in [0, n) (int32), for minibatch rows.
+
+    Counter-based: word c of the stream is h(c) = fmix32(fmix32(c·φ + k₀ + stream·φ²) ⊕ k₁) with
+    (k₀, k₁) the key's first and last 32-bit words, and index j is ⌊(h(2j)·2³² + h(2j+1))·n / 2⁶⁴⌋,
+    whose law differs from the uniform one by at most n/2⁶⁴ per value (as ``random.randint``'s
+    two-word draw). The key is not hashed again: a step's key is already a fresh threefry output
+    (the driver splits the chain key once per step), so a draw costs two cheap hashes per index
+    instead of threefry's twenty rounds, and it compiles to a few fused elementwise ops.
+    """
+    words = random.key_data(rng_key).reshape(-1).astype(jnp.uint32)
+    k0 = words[0] + jnp.uint32(stream) * jnp.uint32(0x3C6EF372)  # stream·φ² (mod 2³²)
+    k1 = words[-1]
+    counter = jnp.arange(2 * size, dtype=jnp.uint32)
+    h = _fmix32(_fmix32(counter * jnp.uint32(_GOLDEN) + k0) ^ k1).reshape(size, 2)
+    hi, lo = h[:, 0], h[:, 1]
+    n = jnp.uint32(n)
+    a_hi, a_lo = _mul_wide(hi, n)
+    b_hi, _ = _mul_wide(lo, n)
+    total = a_lo + b_hi
+    return (a_hi + (total < a_lo).astype(jnp.uint32)).astype(jnp.int32)
 
 
 class PlateInfo(NamedTuple):
@@ -335,6 +381,7 @@ class SubsampledPotential:
     def draw_indices(self, rng_key, method="with_replacement", step=None, shuffle_key=None):
         """Minibatch indices ``{plate: int32[S]}`` in O(S) per plate.
 
+        ``"with_replacement"`` draws S i.i.d. uniform indices (:func:`uniform_indices`).
         ``"without_replacement"`` draws S i.i.d. indices and redraws the duplicates until
         there are none (expected S²/(2N) redraws); the law of the set is invariant under
         permutations of the data, so it is the uniform law over S-subsets.
@@ -342,12 +389,13 @@ class SubsampledPotential:
         permutation of the data that changes every epoch (a keyed Feistel permutation with
         cycle walking, evaluated only at the S positions: no O(N) permutation is stored).
         """
+        if method == "with_replacement":  # one stream per plate of the step's key (uniform_indices)
+            return {p.name: uniform_indices(rng_key, p.subsample_size, p.size, stream=j)
+                    for j, p in enumerate(self.plates)}
         keys = random.split(rng_key, len(self.plates))
         out = {}
         for j, (key, p) in enumerate(zip(keys, self.plates)):
-            if method == "with_replacement":
-                out[p.name] = random.randint(key, (p.subsample_size,), 0, p.size)
-            elif method == "without_replacement":
+            if method == "without_replacement":
                 out[p.name] = _subset_without_replacement(key, p.size, p.subsample_size)
             elif method == "shuffle":
                 if step is None or shuffle_key is None:

@@ -30,7 +30,7 @@ from jax import lax, random
 from jax.sharding import PartitionSpec
 from numpyro.primitives import Messenger
 
-from .potential import MinibatchOracle, _subset_without_replacement
+from .potential import MinibatchOracle, _subset_without_replacement, uniform_indices
 
 __all__ = ["DataParallelOracle", "check_mesh"]
 
@@ -127,7 +127,7 @@ class DataParallelOracle(MinibatchOracle):
         if self.method == "without_replacement":
             local = jax.vmap(lambda key: _subset_without_replacement(key, rows, per))(keys)
         else:
-            local = jax.vmap(lambda key: random.randint(key, (per,), 0, rows))(keys)
+            local = jax.vmap(lambda key: uniform_indices(key, per, rows))(keys)
         idx = (local + rows * jnp.arange(k, dtype=local.dtype)[:, None]).reshape(-1)
         return {self.plate.name: idx}
 

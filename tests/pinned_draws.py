@@ -1,8 +1,8 @@
 """The short runs whose draws ``tests/test_pinned_draws.py`` pins (one per kernel configuration).
 
-``python tests/pinned_draws.py`` writes ``tests/data/pinned_draws.npz``. The file in the repository
-was written by the code *before* the kernel-shape refactor (commit 5f14026, issue 13), so the test
-checks that the refactor left every kernel's draws unchanged for a fixed key. Float64, one chain
+``python tests/pinned_draws.py`` writes ``tests/data/pinned_draws.npz`` (see the test's docstring
+and ``MOVED`` for when it was last written and why), so the test checks that later changes leave
+every kernel's draws unchanged for a fixed key. Float64, one chain
 and two vectorized chains: the returned samples, the last unconstrained state and the potentials.
 """
 

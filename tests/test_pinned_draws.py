@@ -1,10 +1,12 @@
-"""Every kernel's draws for a fixed key are those of the code before the kernel-shape refactor.
+"""Every kernel's draws for a fixed key are those pinned in ``tests/data/pinned_draws.npz``.
 
-``tests/data/pinned_draws.npz`` was written by ``tests/pinned_draws.py`` at commit 5f14026 (before
-issue 13). The refactor changed how some frozen quantities are computed (e.g. P = (ε/N)·B instead
-of c/diag(Q) in one expression), which moves float64 results by a few ulps; the tolerance
-(relative 1e-9 of each array's scale) admits that rounding and nothing else: a changed key
-stream, update or warmup moves the draws by O(1) posterior sds.
+The file was re-written for every configuration by ``python tests/pinned_draws.py`` when the
+minibatch-index stream changed (issues 26/27: ``uniform_indices``, a counter-based hash of the
+step's key, replaced ``random.randint``; same uniform law, other numbers). Before that it held the
+draws of commit 5f14026 (before issue 13), which the kernel-shape refactor, the lean-programs
+driver (warmup inside ``init``) and the default Newton check left unchanged except where listed in
+``MOVED``. The tolerance (relative 1e-9 of each array's scale) admits float rounding and nothing
+else: a changed key stream, update or warmup moves the draws by O(1) posterior sds.
 """
 
 import importlib.util
@@ -21,28 +23,16 @@ CONFIGS, PATH, run = pinned_draws.CONFIGS, pinned_draws.PATH, pinned_draws.run
 
 PINNED = np.load(PATH)
 
-#: configurations whose draws moved on purpose, with why (the test checks that they did move)
-CHANGED = {
-    # the old driver skipped its warmup/sampling switch for kernels that do not adapt, so
-    # VariationalEM(SGLD) moved λ during warmup, against its documented "λ is held in warmup";
-    # the new driver runs VariationalEM's warmup step (λ held) for every inner kernel
-    "VEM-SGLD": "λ held during warmup for non-adapting inner kernels",
-    # issue 12: SGFS-full refactorises M at the steps that are multiples of refresh_every (10)
-    # instead of counting from the start of warmup's noise window (a per-chain field, which made
-    # the refresh a select of both branches, i.e. a refactorisation at every step, under vmap)
-    "SGFS-full": "refresh steps aligned to multiples of refresh_every",
-}
-#: configurations re-pinned on purpose (``python tests/pinned_draws.py NAME ...``), with why; the
-#: others still hold the draws of commit 5f14026
-REPINNED = {
-    # issue 26: warmup_newton=True is the default. These runs warm up for 40 SG steps, so Adam
-    # (16 steps) ends far from the mode, the Newton check at the hand-over fires and moves θ to
-    # the mode region. With warmup_newton=False their draws equal the old pins to 2e-13.
-    name: "warmup_newton=True by default (the Newton check fires in these 40-step warmups)"
-    for name in ("ConstantSGD-scalar", "ConstantSGD-diag", "ConstantSGD-full", "ConstantSGD-sqrt",
-                 "ConstantSGD-full-momentum", "ConstantSGD-diag-step", "ConstantSGD-full-prior-noise",
-                 "ConstantSGD-diag-shuffle-sps3", "SGFS-diag", "SGFS-full-offline", "IASG", "IASG-full",
-                 "VEM-ConstantSGD-diag")
+#: why draws moved on purpose, in order (history; the pins are of the current code)
+MOVED = {
+    "VEM-SGLD (issue 13)": "λ held during warmup for non-adapting inner kernels",
+    "SGFS-full (issue 12)": "refresh steps aligned to multiples of refresh_every",
+    "ConstantSGD-*, SGFS-diag, SGFS-full-offline, IASG, IASG-full, VEM-ConstantSGD-diag (issue 26)":
+        "warmup_newton=True by default: the Newton check fires in these 40-step warmups (with "
+        "warmup_newton=False they equalled the old pins to 2e-13)",
+    "every configuration drawing with replacement (issues 26/27)":
+        "minibatch indices from uniform_indices (a counter-based hash of the step's key) instead of "
+        "random.randint: the same uniform law, a stream that compiles to a few elementwise ops",
 }
 #: looser tolerances, with why
 TOLERANCE = {
@@ -64,8 +54,5 @@ def test_draws_unchanged(name, num_chains):
     for key, want in expected.items():
         scale = max(float(np.max(np.abs(want))), 1e-300)
         close[key] = np.allclose(got[key], want, rtol=0, atol=TOLERANCE.get(name, 1e-9) * scale)
-    if name in CHANGED:
-        assert not all(close.values()), f"{name}: expected to differ ({CHANGED[name]})"
-    else:
-        bad = {k: float(np.max(np.abs(got[k] - expected[k]))) for k, ok in close.items() if not ok}
-        assert not bad, bad
+    bad = {k: float(np.max(np.abs(got[k] - expected[k]))) for k, ok in close.items() if not ok}
+    assert not bad, bad
