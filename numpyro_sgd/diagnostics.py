@@ -917,7 +917,8 @@ def _mode_offset_messages(kernel, mcmc, state, draws, name):
                 f"{name}: chain {c}'s mean is {offset:.3g} posterior sds from the mode (full-data gradient at "
                 "the mean, in units of the draws' covariance): the chain settled away from the posterior, "
                 "e.g. after a warmup that did not reach the mode. Try a longer warmup (warmup_passes), "
-                "predictors rescaled to unit scale (keep warmup_newton=True, the default), or init_params near the mode."
+                "predictors rescaled to unit scale (keep warmup_newton=True, the default), or init_params near "
+                "the mode."
                 + _gibbs_hint(kernel))
     return messages
 

@@ -10,8 +10,9 @@ streamed over the data in chunks, so memory is O(draws × (m + chunk)) whatever 
 
 ArviZ 0.23 has no subsampled LOO; ArviZ 1.x's arviz-stats has one (Python >= 3.12 only), which
 needs the full (draws, N) log-likelihood in memory. Pareto smoothing is the installed ArviZ's
-(:func:`numpyro_sgd.arviz_compat.psislw`), so with all N observations the result is ``arviz.loo``'s. The formulas follow ref [2] (and R's ``loo``
-package, ``loo_subsample`` with ``estimator = "diff_srs"``); the code is this package's own.
+(:func:`numpyro_sgd.arviz_compat.psislw`), so with all N observations the result is
+``arviz.loo``'s. The formulas follow ref [2] (and R's ``loo`` package, ``loo_subsample`` with
+``estimator = "diff_srs"``); the code is this package's own.
 
 **References:**
 
