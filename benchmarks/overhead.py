@@ -91,12 +91,9 @@ def delta(after, before):
 
 
 # --------------------------------------------------------------------------- problem
-def simulate(n, d, seed=0):
-    k_x, k_w, k_y = random.split(random.key(seed), 3)
-    X = random.normal(k_x, (n, d), jnp.float32) / jnp.sqrt(jnp.float32(d))
-    w_true = random.normal(k_w, (d,), jnp.float32)
-    y = random.bernoulli(k_y, jax.nn.sigmoid(X @ w_true)).astype(jnp.float32)
-    return X, y
+# the simulated logistic regression of examples/benchmark_throughput.py (x ~ N(0, I/D), w ~ N(0, I))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "examples"))
+from benchmark_throughput import simulate  # noqa: E402
 
 
 class Counted:

@@ -64,7 +64,8 @@ def main():
     for label in ("first process (empty cache)", "second process (warm cache)"):
         cmd = [sys.executable, __file__, "--child", "--cache", cache, "--n", str(args.n), "--d", str(args.d),
                "--s", str(args.s), "--num-samples", str(args.num_samples)]
-        res = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        res = json.loads(out.strip().splitlines()[-1])
         rows.append((label, res))
     print(f"N = {args.n:,}, D = {args.d}, S = {args.s:,}; cache {cache}")
     print("| process | trace | lower | compile | XLA compile events | wall |\n|---|---|---|---|---|---|")
