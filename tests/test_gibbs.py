@@ -258,7 +258,7 @@ def test_data_far_from_unit_scale_is_reported():
     """Group means near 2,500 with noise sd 150 (the OSIC notebook's units): the group latents start
     on the unit scale, τ drawn given them collapses and pins them, and the run is wrong (τ ≈ 5
     against a spread of the group means of about 250). check_run says so, and names the outcome's
-    scale as the first thing to fix (τ ≈ 17 and 164 in the two chains with the default Newton check)."""
+    scale as the first thing to fix (one chain at τ ≈ 17 with the default Newton check)."""
     from numpyro_sgd import check_run
 
     rng = np.random.default_rng(0)
@@ -267,9 +267,11 @@ def test_data_far_from_unit_scale_is_reported():
     mcmc = MCMC(SGWithinGibbs(ConstantSGD(raw_units)), num_warmup=100, num_samples=100, num_chains=2,
                 chain_method="vectorized", progress_bar=False)
     mcmc.run(jax.random.key(0), jnp.asarray(g), jnp.asarray(y))
-    # the failure this test is about: τ far below the groups' spread (with warmup_newton, the default
-    # since issue 26, the chains stall at τ ≈ 17 and ≈ 164 instead of both at ≈ 5)
-    assert float(mcmc.get_samples()["tau"].mean()) < 125.0
+    # the failure this test is about: τ far below the groups' spread of about 250 in at least one
+    # chain (with warmup_newton, the default since issue 26, one chain stalls at τ ≈ 16-17 and the
+    # other ends between 164 and 253 depending on the JAX version)
+    tau_per_chain = np.asarray(mcmc.get_samples(group_by_chain=True)["tau"]).mean(axis=1)
+    assert tau_per_chain.min() < 125.0, tau_per_chain
     messages = check_run(mcmc)
     assert any("R-hat" in m and "first put the outcome (not only the predictors) on unit scale" in m
                for m in messages), messages
