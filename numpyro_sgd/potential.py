@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import random
 from jax.experimental import checkify
+from jax.extend.core import jaxpr_as_fun
 from numpyro import handlers
 from numpyro.distributions import biject_to
 from numpyro.distributions.constraints import real
@@ -235,6 +236,41 @@ class SubsampledPotential:
         self.kernel_name = kernel_name
         self.transforms = {} if transforms is None else transforms
         self.param_constraints = {k: real for k in param_values} if param_constraints is None else param_constraints
+        self._jaxprs = {}  # see _traced_once
+
+    def __getstate__(self):  # the traced programs are rebuilt on first use after unpickling
+        state = dict(self.__dict__)
+        state["_jaxprs"] = {}
+        return state
+
+    def _traced_once(self, name, fn, *tree):
+        """``fn(*tree)``, with the model traced once per argument signature.
+
+        The first call with a given signature (tree structure, the array leaves' shapes and
+        dtypes, the other leaves' values) traces ``fn`` (and so the model) into a jaxpr; every
+        later call, under any transformation (``grad``, ``vmap``, ``jit``, ``checkify``),
+        evaluates that jaxpr and never calls the model again. A jaxpr that closed over a value
+        of an enclosing trace is used once and not kept.
+        """
+        leaves, treedef = jax.tree.flatten(tree)
+        is_array = [isinstance(leaf, (jax.Array, np.ndarray)) for leaf in leaves]
+        arrays = [leaf for leaf, a in zip(leaves, is_array) if a]
+        key = (name, treedef, tuple(jax.typeof(leaf) if a else leaf for leaf, a in zip(leaves, is_array)))
+        try:
+            entry = self._jaxprs.get(key)
+        except TypeError:  # an unhashable static argument: trace as NumPyro would
+            return fn(*tree)
+        if entry is None:
+            def flat(*values):
+                it = iter(values)
+                return fn(*jax.tree.unflatten(treedef, [next(it) if a else leaf for leaf, a in zip(leaves, is_array)]))
+
+            closed, out_shape = jax.make_jaxpr(flat, return_shape=True)(*arrays)
+            entry = (closed, jax.tree.structure(out_shape))
+            if not any(isinstance(c, jax.core.Tracer) for c in closed.consts):
+                self._jaxprs[key] = entry
+        closed, out_tree = entry
+        return jax.tree.unflatten(out_tree, jaxpr_as_fun(closed)(*arrays))
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -418,8 +454,13 @@ class SubsampledPotential:
         return handlers.substitute(model, data=values) if values else model
 
     def potential(self, theta, indices, model_args=(), model_kwargs=None, params=None):
-        """Û at flat θ with the plates substituted by ``indices`` (NumPyro's N/len(idx) scale)."""
+        """Û at flat θ with the plates substituted by ``indices`` (NumPyro's N/len(idx) scale).
+
+        The model is traced once per shape of the arguments (:meth:`_traced_once`)."""
         model_args, model_kwargs = as_jax_args((model_args, {} if model_kwargs is None else model_kwargs))
+        return self._traced_once("potential", self._potential, theta, indices, model_args, model_kwargs, params)
+
+    def _potential(self, theta, indices, model_args, model_kwargs, params):
         model = _SetPlateIndices(self._with_params(params), indices=indices)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
@@ -432,8 +473,9 @@ class SubsampledPotential:
     def fixed_step_cost(self, model_args=(), model_kwargs=None):
         """How many data points' worth of work a minibatch gradient does whatever S is.
 
-        XLA's cost analysis (flops) of the lowered ∇Û_S at two minibatch sizes s and 2s (every
-        plate at once; nothing is compiled or run) gives cost(s) = a + b s; the result is a / b,
+        XLA's cost analysis (flops) of the lowered ∇Û_S at two minibatch sizes, one row and S
+        (every plate at once; nothing is compiled or run; the model traces are those the sampler
+        uses anyway) gives cost(s) = a + b s; the result is a / b,
         the S-independent work in units of one datum's. A well-written model scores about the
         prior's cost (a few data points); one that computes on all N rows every step (e.g. a
         predictor ``mu = X @ w`` indexed as ``mu[idx]`` inside the plate) scores about N.
@@ -444,7 +486,7 @@ class SubsampledPotential:
         theta = jax.ShapeDtypeStruct((self.dim,), jnp.result_type(float))
 
         def flops(scale):
-            idx = {p.name: jax.ShapeDtypeStruct((min(p.size, scale * min(p.subsample_size, 16)),), jnp.int32)
+            idx = {p.name: jax.ShapeDtypeStruct((1 if scale == 1 else min(p.size, p.subsample_size),), jnp.int32)
                    for p in self.plates}
             fn = jax.jit(lambda th, i, arr: self.potential_and_grad(th, i, *rebuild(arr)))
             cost = fn.lower(theta, idx, abstract).cost_analysis()
@@ -488,6 +530,9 @@ class SubsampledPotential:
     def prior_potential(self, theta, model_args=(), model_kwargs=None, params=None):
         """The potential without its likelihood: −log p(θ) − log|J| (sites in the plates masked)."""
         model_args, model_kwargs = as_jax_args((model_args, {} if model_kwargs is None else model_kwargs))
+        return self._traced_once("prior", self._prior_potential, theta, model_args, model_kwargs, params)
+
+    def _prior_potential(self, theta, model_args, model_kwargs, params):
         idx = {p.name: jnp.arange(p.subsample_size) for p in self.plates}
         model = _MaskPlateSites(_SetPlateIndices(self._with_params(params), indices=idx),
                                 plate_names=[p.name for p in self.plates])
@@ -528,6 +573,9 @@ class SubsampledPotential:
         out; use :class:`numpyro.infer.Predictive` with the samples to get them.
         """
         model_args, model_kwargs = as_jax_args((model_args, {} if model_kwargs is None else model_kwargs))
+        return self._traced_once("constrain", self._constrain, theta, model_args, model_kwargs, params)
+
+    def _constrain(self, theta, model_args, model_kwargs, params):
         idx = {p.name: jnp.arange(p.subsample_size) for p in self.plates}
         model = _SetPlateIndices(self._with_params(params), indices=idx)
         with warnings.catch_warnings():
