@@ -26,7 +26,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import random
+from jax import lax, random
 from jax.experimental import checkify
 from jax.extend.core import jaxpr_as_fun
 from numpyro import handlers
@@ -81,6 +81,13 @@ def uniform_indices(rng_key, size, n, stream=0):
     two-word draw). The key is not hashed again: a step's key is already a fresh threefry output
     (the driver splits the chain key once per step), so a draw costs two cheap hashes per index
     instead of threefry's twenty rounds, and it compiles to a few fused elementwise ops.
+
+    The result is reduced modulo n once more, by an n that XLA cannot see as a constant. The
+    value is unchanged (it is already below n), but XLA treats an integer remainder by a
+    non-constant as expensive, so it computes the indices once. Otherwise it fuses the whole
+    hash into each gather that reads rows with them, and recomputes it for every gathered
+    element. Measured at N = 10⁷, D = 50, S = 10⁴: one data pass took 15–50 % longer than with
+    ``random.randint``, whose threefry loop XLA does not fuse.
     """
     words = random.key_data(rng_key).reshape(-1).astype(jnp.uint32)
     k0 = words[0] + jnp.uint32(stream) * jnp.uint32(0x3C6EF372)  # stream·φ² (mod 2³²)
@@ -92,7 +99,8 @@ def uniform_indices(rng_key, size, n, stream=0):
     a_hi, a_lo = _mul_wide(hi, n)
     b_hi, _ = _mul_wide(lo, n)
     total = a_lo + b_hi
-    return (a_hi + (total < a_lo).astype(jnp.uint32)).astype(jnp.int32)
+    index = a_hi + (total < a_lo).astype(jnp.uint32)
+    return (index % lax.optimization_barrier(n)).astype(jnp.int32)
 
 
 class PlateInfo(NamedTuple):
