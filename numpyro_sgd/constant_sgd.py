@@ -1,6 +1,6 @@
 """Constant-rate SGD as approximate Bayesian inference (Mandt, Hoffman & Blei 2017, Sec. 3).
 
-Algorithm (ALGORITHMS.md, "ConstantSGD"):
+Algorithm (Mandt, Hoffman & Blei 2017, Sec. 3-4):
 
     warmup   move to the mode region (Adam, then preconditioned SGD) while estimating the
              gradient-noise covariance C online (Eq. 25 / within-minibatch covariance);
@@ -214,7 +214,7 @@ class ConstantSGD(SGKernel):
        directions. Costs one Gaussian draw (and a D × D product for ``"full"``) per step.
 
     .. warning:: The diagonal variant at its optimal rate mixes very slowly when the posterior
-       is strongly correlated (ALGORITHMS.md); prefer ``"full"`` there.
+       is strongly correlated (measured); prefer ``"full"`` there.
 
     :param model: NumPyro model with a subsample plate.
     :param str preconditioner: ``"scalar"``, ``"diag"``, ``"full"``, ``"sqrt"`` or ``"auto"`` (default:

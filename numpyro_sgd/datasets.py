@@ -56,7 +56,7 @@ __all__ = [
 #: environment variable that overrides the default data folder
 DATA_ENV_VAR = "NUMPYRO_SGD_DATA"
 
-#: published sha256 of the official files (the ``SHA256SUMS`` of the shared data folder; for
+#: published sha256 of the official files (the ``SHA256SUMS`` files published with the data; for
 #: ``CASP.csv`` no official checksum exists and the value is that of the checked local copy)
 KNOWN_SHA256 = {
     "wine_quality/winequality-white.csv": "76c3f809815c17c07212622f776311faeb31e87610d52c26d87d6e361b169836",
@@ -81,9 +81,11 @@ def default_data_dir():
 
     1. ``$NUMPYRO_SGD_DATA`` if the environment variable is set (even if the folder does not
        exist: the loaders then say so);
-    2. ``../shared/data`` relative to the current working directory, if that folder exists;
-    3. ``../shared/data`` relative to the repository root (the folder above the ``numpyro_sgd``
-       package), whether or not it exists.
+    2. in a development checkout, the project's data folder beside the working directory, if it
+       exists;
+    3. the same folder beside the repository root, whether or not it exists.
+
+    Users pass ``data_dir`` (a folder they downloaded the files to) or set the variable.
 
     :return: a :class:`pathlib.Path` (absolute, resolved).
     """

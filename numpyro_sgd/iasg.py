@@ -1,6 +1,6 @@
 """Iterate-averaging stochastic gradient sampler (Mandt, Hoffman & Blei 2017, Sec. 5.2, Alg. 1).
 
-Algorithm (ALGORITHMS.md, "IASG"):
+Algorithm (Mandt et al. 2017, Sec. 5.2, Alg. 1):
 
     warmup   reach the mode region and estimate the curvature A (Fisher = Hessian, A5) from
              the gradient noise, as :class:`~numpyro_sgd.ConstantSGD` does; fix ε (and H)

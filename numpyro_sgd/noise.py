@@ -173,7 +173,7 @@ def discrete_time_correction(plate_noise, plates, without_replacement=False):
     For θ ← θ − c Q⁻¹ ∇Û_S on a Gaussian posterior whose Hessian equals its Fisher
     (A_U = (S/N) Q), the stationary covariance is c² f Q⁻¹ / (2c S/N − c² S²/N²), with f the
     minibatch noise factor (1 with replacement, (N − S)/(N − 1) without). It equals the
-    posterior A_U⁻¹ iff c = 2 / (f + S/N) (ALGORITHMS.md, measured facts: 2N/(N + S) with
+    posterior A_U⁻¹ iff c = 2 / (f + S/N) (measured: 2N/(N + S) with
     replacement; ≈ 2 without). With several plates, S/N and f are averaged with weights
     Tr(Q_p)/Tr(Q).
     """

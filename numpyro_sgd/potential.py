@@ -2,7 +2,7 @@
 
 Every kernel in this package sees the model only through :class:`SubsampledPotential`. It is
 built once per ``MCMC.run`` from one trace of the user's model and then provides, for a flat
-vector ``theta`` of the unconstrained global latents (notation of ``ALGORITHMS.md``):
+vector ``theta`` of the unconstrained global latents (notation of Mandt et al. 2017):
 
 * ``draw_indices(key)``: fresh minibatch indices for every subsample plate, in O(S);
 * ``potential_and_grad(theta, idx)``: the minibatch potential
@@ -45,7 +45,7 @@ __all__ = ["PlateInfo", "SubsampledPotential", "MinibatchOracle", "SUBSAMPLE_MET
 #: indices; ``"without_replacement"`` draws a fresh uniformly random S-subset every step;
 #: ``"shuffle"`` walks through a random permutation epoch by epoch (every datum once per
 #: epoch). Shuffling makes consecutive gradients negatively correlated and shrinks the
-#: stationary spread (ALGORITHMS.md, measured facts), so kernels only allow it for warmup.
+#: stationary spread (measured), so kernels only allow it for warmup.
 SUBSAMPLE_METHODS = ("with_replacement", "without_replacement", "shuffle")
 
 

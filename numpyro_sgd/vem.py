@@ -1,6 +1,6 @@
 """Variational EM / empirical Bayes with constant-rate SG sampling (Mandt et al. 2017, Sec. 3.2).
 
-Algorithm (ALGORITHMS.md, "Variational EM"), for hyperparameters λ = the model's
+Algorithm (Mandt et al. 2017, Sec. 3.2, Eq. 26), for hyperparameters λ = the model's
 ``numpyro.param`` sites, on their unconstrained scale:
 
     each SG step t, on one minibatch S_t:

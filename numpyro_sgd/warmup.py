@@ -2,7 +2,7 @@
 adapter ``(init, update, final)`` in the manner of NumPyro's ``warmup_adapter``.
 
 Warmup must (a) reach the mode region and (b) estimate the gradient-noise covariance Q there
-(ALGORITHMS.md, "Warmup is the crux"). ``update`` moves θ and adapts, in ``num_warmup_steps``
+(see the user guide, docs/guide.md). ``update`` moves θ and adapts, in ``num_warmup_steps``
 SG steps:
 
 1. the first ``adam_fraction`` of warmup: Adam (β₁ = 0.9, β₂ = 0.9) with a learning rate held at
