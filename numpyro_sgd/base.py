@@ -766,7 +766,7 @@ class SGKernel(MCMCKernel):
         state = self._compiled_init(init_chains, rng_key, init_params, model_args, model_kwargs, num_warmup_steps)
         if not _is_tracer((state.z, model_args, model_kwargs)):
             self._check_data(state, vectorized, model_args, model_kwargs)
-        if not _is_tracer(state.potential_energy) and not bool(jnp.all(jnp.isfinite(state.potential_energy))):
+        if not _is_tracer(state.potential_energy) and not np.isfinite(np.asarray(state.potential_energy)).all():
             raise ValueError(
                 f"{type(self).__name__}: the potential is not finite at the initial point; check the "
                 "model (e.g. data outside the likelihood's support) or pass another init_strategy / "
@@ -947,8 +947,12 @@ class SGKernel(MCMCKernel):
             if _calling_mcmc_shows_progress() and num_warmup > 1:
                 state = self._warmup_with_progress(program, state, num_warmup, arrays)
             else:
-                state = program(state, jnp.asarray(num_warmup, jnp.int32), arrays)
-        return state._replace(idle_iterations=jnp.full_like(state.idle_iterations, num_warmup))
+                state = program(state, np.int32(num_warmup), arrays)
+        if _is_tracer((state.idle_iterations, num_warmup)):
+            return state._replace(idle_iterations=jnp.full_like(state.idle_iterations, num_warmup))
+        # from NumPy: an eager jnp.full_like would be one more XLA compilation per run
+        idle = np.full(np.shape(state.idle_iterations), num_warmup, np.asarray(state.idle_iterations).dtype)
+        return state._replace(idle_iterations=jnp.asarray(idle))
 
     def _warmup_with_progress(self, program, state, num_warmup, arrays, calls=20):
         from tqdm.auto import tqdm
@@ -958,7 +962,7 @@ class SGKernel(MCMCKernel):
             done = 0
             while done < num_warmup:
                 n = min(size, num_warmup - done)
-                state = program(state, jnp.asarray(n, jnp.int32), arrays)
+                state = program(state, np.int32(n), arrays)
                 done += n
                 bar.set_postfix_str(str(self.get_diagnostics_str(state)), refresh=False)
                 bar.update(n)

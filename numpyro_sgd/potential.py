@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax, random
 from jax.experimental import checkify
-from jax.extend.core import jaxpr_as_fun
+from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 from numpyro import handlers
 from numpyro.distributions import biject_to
 from numpyro.distributions.constraints import real
@@ -213,6 +213,29 @@ class _FlatView:
         return out
 
 
+_REPLAYS = {}
+_REPLAYS_KEPT = 32
+
+
+def _replay(jaxpr):
+    """A jitted ``(consts, *args) -> outputs`` evaluating ``jaxpr``, shared by equal programs.
+
+    Called op by op (NumPyro applies the vmapped ``postprocess_fn`` to the initial state for the
+    shapes of its sample buffers), a jaxpr would cost one XLA compilation per operation; jitted
+    it is one program, and under an enclosing trace it is inlined. The kernel traces its model
+    afresh at each ``init``, so the program is looked up by the jaxpr's text (with the constants
+    as arguments, equal text is the same computation): a second run compiles nothing new.
+    """
+    key = str(jaxpr)
+    fn = _REPLAYS.get(key)
+    if fn is None:
+        fn = jax.jit(lambda consts, *args: jaxpr_as_fun(ClosedJaxpr(jaxpr, consts))(*args))
+        if len(_REPLAYS) >= _REPLAYS_KEPT:
+            _REPLAYS.pop(next(iter(_REPLAYS)))
+        _REPLAYS[key] = fn
+    return fn
+
+
 def as_jax_args(tree):
     """NumPy arrays in model arguments become JAX arrays, so traced minibatch indices can index them."""
     return jax.tree.map(lambda x: jnp.asarray(x) if isinstance(x, np.ndarray) else x, tree)
@@ -281,11 +304,11 @@ class SubsampledPotential:
                 return fn(*jax.tree.unflatten(treedef, [next(it) if a else leaf for leaf, a in zip(leaves, is_array)]))
 
             closed, out_shape = jax.make_jaxpr(flat, return_shape=True)(*arrays)
-            entry = (closed, jax.tree.structure(out_shape))
+            entry = (closed, jax.tree.structure(out_shape), _replay(closed.jaxpr))
             if not any(isinstance(c, jax.core.Tracer) for c in closed.consts):
                 self._jaxprs[key] = entry
-        closed, out_tree = entry
-        return jax.tree.unflatten(out_tree, jaxpr_as_fun(closed)(*arrays))
+        closed, out_tree, replay = entry
+        return jax.tree.unflatten(out_tree, replay(closed.consts, *arrays))
 
     # ------------------------------------------------------------------ construction
     @classmethod
