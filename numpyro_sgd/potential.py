@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax, random
+from jax._src import core as _jax_core  # only for _under_a_trace
 from jax.experimental import checkify
 from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 from numpyro import handlers
@@ -213,6 +214,14 @@ class _FlatView:
         return out
 
 
+def _under_a_trace():
+    """Whether JAX is staging a program (jit, pmap, shard_map, scan ...) rather than running ops
+    one by one (eagerly, or under an eager vmap/grad). JAX has no public query for this; where
+    its private one is missing, the answer is "yes", which keeps the inlined evaluation."""
+    query = getattr(_jax_core, "unsafe_am_i_under_a_jit", None)
+    return True if query is None else bool(query())
+
+
 _REPLAYS = {}
 _REPLAYS_KEPT = 32
 
@@ -308,7 +317,10 @@ class SubsampledPotential:
             if not any(isinstance(c, jax.core.Tracer) for c in closed.consts):
                 self._jaxprs[key] = entry
         closed, out_tree, replay = entry
-        return jax.tree.unflatten(out_tree, replay(closed.consts, *arrays))
+        # jitted only where it runs op by op: inside a trace the jaxpr is inlined as it is (a
+        # nested jit there would meet the mesh= and pmap sharding rules)
+        outs = replay(closed.consts, *arrays) if not _under_a_trace() else jaxpr_as_fun(closed)(*arrays)
+        return jax.tree.unflatten(out_tree, outs)
 
     # ------------------------------------------------------------------ construction
     @classmethod
