@@ -950,9 +950,9 @@ class SGKernel(MCMCKernel):
                 state = program(state, np.int32(num_warmup), arrays)
         if _is_tracer((state.idle_iterations, num_warmup)):
             return state._replace(idle_iterations=jnp.full_like(state.idle_iterations, num_warmup))
-        # from NumPy: an eager jnp.full_like would be one more XLA compilation per run
+        # from NumPy: an eager jnp.full_like (or jnp.asarray) would be one more XLA compilation per run
         idle = np.full(np.shape(state.idle_iterations), num_warmup, np.asarray(state.idle_iterations).dtype)
-        return state._replace(idle_iterations=jnp.asarray(idle))
+        return state._replace(idle_iterations=jax.device_put(idle))
 
     def _warmup_with_progress(self, program, state, num_warmup, arrays, calls=20):
         from tqdm.auto import tqdm

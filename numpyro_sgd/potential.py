@@ -246,8 +246,10 @@ def _replay(jaxpr):
 
 
 def as_jax_args(tree):
-    """NumPy arrays in model arguments become JAX arrays, so traced minibatch indices can index them."""
-    return jax.tree.map(lambda x: jnp.asarray(x) if isinstance(x, np.ndarray) else x, tree)
+    """NumPy arrays in model arguments become JAX arrays, so traced minibatch indices can index them
+    (by ``jax.device_put``, which canonicalises the dtype as ``jnp.asarray`` does but compiles no
+    staging program per shape)."""
+    return jax.tree.map(lambda x: jax.device_put(x) if isinstance(x, np.ndarray) else x, tree)
 
 
 def _site_plates(site, plate_names):

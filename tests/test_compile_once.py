@@ -183,3 +183,26 @@ def test_warmup_iterations_pass_the_warmed_up_state_through():
     np.testing.assert_array_equal(fields["idle_iterations"], np.arange(19, -1, -1))
     mcmc.run(jax.random.key(1), X, Y, S, extra_fields=("i",))
     np.testing.assert_array_equal(mcmc.get_extra_fields()["i"], steps + 5 * np.arange(1, 5))
+
+
+def test_op_by_op_replay_is_one_program_and_shared_by_a_new_trace(counter):
+    """NumPyro applies the vmapped ``postprocess_fn`` to the initial state op by op (for the shapes
+    of its sample buffers). The replayed jaxpr of the constraining map then runs as one compiled
+    program, not one XLA compilation per operation, and a potential traced afresh (as each
+    ``init`` does) reuses it: its values equal the model's own."""
+    from numpyro_sgd import SubsampledPotential
+
+    args = (X, Y, S)
+    first = SubsampledPotential.from_model(model, args)
+    theta = jnp.stack([jnp.array([0.3, -0.2, 0.1]), jnp.array([1.0, 2.0, -3.0])])
+    first.constrain(theta[0], args)  # traces the model once for this signature (not counted)
+    with counter:
+        got = jax.vmap(lambda t: first.constrain(t, args))(theta)
+    assert counter.count == 1  # op by op it was one compilation per operation of the jaxpr
+    again = SubsampledPotential.from_model(model, args)
+    again.constrain(theta[0], args)
+    with counter:
+        got_again = jax.vmap(lambda t: again.constrain(t, args))(theta)
+    assert counter.count == 0
+    np.testing.assert_array_equal(np.asarray(got["w"]), np.asarray(theta))
+    np.testing.assert_array_equal(np.asarray(got_again["w"]), np.asarray(theta))
