@@ -198,7 +198,8 @@ def test_op_by_op_replay_is_one_program_and_shared_by_a_new_trace(counter):
     first.constrain(theta[0], args)  # traces the model once for this signature (not counted)
     with counter:
         got = jax.vmap(lambda t: first.constrain(t, args))(theta)
-    assert counter.count == 1  # op by op it was one compilation per operation of the jaxpr
+    # one program (none if JAX's persistent cache holds it); op by op it was one per operation (11)
+    assert counter.count <= 1
     again = SubsampledPotential.from_model(model, args)
     again.constrain(theta[0], args)
     with counter:
