@@ -228,9 +228,11 @@ def main(argv=None):
 
     sgld = MCMC(SGLD(model, step_size=SGLD_STEP_SIZE), num_warmup=0, num_samples=K,
                 progress_bar=False, **common)
-    csgd = MCMC(ConstantSGD(model, "diag", steps_per_sample=1), num_warmup=CSGD_WARMUP_STEPS, num_samples=K,
+    csgd = MCMC(ConstantSGD(model, preconditioner="diag", steps_per_sample=1), num_warmup=CSGD_WARMUP_STEPS,
+                num_samples=K,
                 progress_bar=False, **common)
-    csgd_sps = MCMC(ConstantSGD(model, "diag", steps_per_sample=SPS), num_warmup=CSGD_WARMUP_STEPS // SPS,
+    csgd_sps = MCMC(ConstantSGD(model, preconditioner="diag", steps_per_sample=SPS),
+                    num_warmup=CSGD_WARMUP_STEPS // SPS,
                     num_samples=K // SPS, progress_bar=True, **common)
     configs = {
         "baseline": Baseline(K, args.s, X, y),

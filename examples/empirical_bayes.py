@@ -278,7 +278,7 @@ def flat_bottom(grid_lams, grid_loss, threshold):
 def run_vem(args, x, y, seed):
     model = make_model(args.lam_init, args.vem_batch_size)
     k = args.steps_per_sample
-    kernel = ConstantSGD(model, args.vem_preconditioner, momentum=args.vem_momentum, steps_per_sample=k,
+    kernel = ConstantSGD(model, preconditioner=args.vem_preconditioner, momentum=args.vem_momentum, steps_per_sample=k,
                          prior_noise=args.prior_noise)
     vem = VariationalEM(kernel, hyper_step_size=args.hyper_step_size)
     mcmc = MCMC(vem, num_warmup=max(args.vem_warmup // k, 1), num_samples=max(args.vem_steps // k, 2),

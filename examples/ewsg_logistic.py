@@ -162,12 +162,12 @@ def make_kernel(name, step, steps_per_sample, dim):
     init = init_to_value(values={"w": jnp.zeros(dim)})
     kw = dict(steps_per_sample=steps_per_sample, init_strategy=init)
     if name == "SGLD":
-        return SGLD(logistic_model, step, **kw)
+        return SGLD(logistic_model, step_size=step, **kw)
     if name == "pSGLD":
-        return PSGLD(logistic_model, step, **kw)
+        return PSGLD(logistic_model, step_size=step, **kw)
     if name == "SGHMC":
-        return SGHMC(logistic_model, step, FRICTION, **kw)
-    return EWSG(logistic_model, step, FRICTION, num_index_steps=1, **kw)
+        return SGHMC(logistic_model, step_size=step, friction=FRICTION, **kw)
+    return EWSG(logistic_model, step_size=step, friction=FRICTION, num_index_steps=1, **kw)
 
 
 def one_pass(kernel, key, num_chains, Xj, yj, sample_fn=None):

@@ -73,8 +73,8 @@ def run_posterior(name, pdb_dir, models, args, key):
     # IASG returns one sample per window of T = ⌈N/S⌉ SG steps: same SG-step budget, fewer samples
     window = -(-n // s)
     kernels = {
-        "ConstantSGD-full": (lambda: ConstantSGD(model, "full", steps_per_sample=sps), 1),
-        "ConstantSGD-diag": (lambda: ConstantSGD(model, "diag", steps_per_sample=sps), 1),
+        "ConstantSGD-full": (lambda: ConstantSGD(model, preconditioner="full", steps_per_sample=sps), 1),
+        "ConstantSGD-diag": (lambda: ConstantSGD(model, preconditioner="diag", steps_per_sample=sps), 1),
         "IASG-full": (lambda: IASG(model, preconditioner="full"), sps / window),
     }
     runs = {}

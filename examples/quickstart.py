@@ -119,13 +119,13 @@ def main(argv=None):
 
     sps = args.steps_per_sample
     kernels = {
-        "ConstantSGD-scalar": ConstantSGD(model, "scalar", steps_per_sample=sps),
-        "ConstantSGD-diag": ConstantSGD(model, "diag", steps_per_sample=sps),
-        "ConstantSGD-sqrt": ConstantSGD(model, "sqrt", steps_per_sample=sps),
-        "ConstantSGD-full": ConstantSGD(model, "full", steps_per_sample=sps),
-        "ConstantSGD-full-momentum": ConstantSGD(model, "full", momentum=0.5, steps_per_sample=sps),
-        "SGFS-diag": SGFS(model, "diag", steps_per_sample=sps),
-        "SGFS-full": SGFS(model, "full", steps_per_sample=sps),
+        "ConstantSGD-scalar": ConstantSGD(model, preconditioner="scalar", steps_per_sample=sps),
+        "ConstantSGD-diag": ConstantSGD(model, preconditioner="diag", steps_per_sample=sps),
+        "ConstantSGD-sqrt": ConstantSGD(model, preconditioner="sqrt", steps_per_sample=sps),
+        "ConstantSGD-full": ConstantSGD(model, preconditioner="full", steps_per_sample=sps),
+        "ConstantSGD-full-momentum": ConstantSGD(model, preconditioner="full", momentum=0.5, steps_per_sample=sps),
+        "SGFS-diag": SGFS(model, preconditioner="diag", steps_per_sample=sps),
+        "SGFS-full": SGFS(model, preconditioner="full", steps_per_sample=sps),
     }
     runs = {}
 

@@ -401,7 +401,7 @@ def run_dataset(name, data_dir, cfg, key):
 
     for i, (label, pc) in enumerate([("constant SGD", "scalar"), ("constant SGD-d", "diag"),
                                      ("constant SGD-f", "full")]):
-        add(sg_row(label, ConstantSGD(model, pc, **common), keys[i], data, post, hessian, q, cfg))
+        add(sg_row(label, ConstantSGD(model, preconditioner=pc, **common), keys[i], data, post, hessian, q, cfg))
     add(sg_row("SGLD", SGLD(model, step_size=eps_sgld, **common), keys[3], data, post, hessian, q, cfg,
                init_params={"w": jnp.asarray(mean)}))
     for i, (label, pc) in enumerate([("SGFS-d", "diag"), ("SGFS-f", "full")]):

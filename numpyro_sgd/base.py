@@ -61,7 +61,7 @@ from .sharding import DataParallelOracle, check_mesh
 from .validation import check_init_params, check_int, check_positive  # noqa: F401 - re-exported
 
 __all__ = ["SGState", "SGKernel", "SGAlgorithm", "StepInfo", "MinibatchOracle", "is_positive_scalar",
-           "pick_chain", "renamed_keyword"]
+           "pick_chain"]
 
 
 class StepInfo(NamedTuple):
@@ -164,18 +164,6 @@ def is_positive_scalar(value):
     except (TypeError, ValueError):
         return False
     return bool(np.isfinite(value) and value > 0)
-
-
-def renamed_keyword(name, new, new_value, default, old, old_value):
-    """The value of a keyword argument renamed from ``old`` to ``new`` (the old name keeps working for
-    one release, with a ``FutureWarning``); ``old_value`` is None when the old name was not used."""
-    if old_value is None:
-        return new_value
-    if new_value != default:
-        raise TypeError(f"{name}: got both `{new}` and its old name `{old}`; pass `{new}` only.")
-    warnings.warn(f"{name}: the keyword `{old}` is renamed `{new}` (one name per idea across the kernels); "
-                  f"`{old}` stops working in the next release.", FutureWarning, stacklevel=find_stack_level())
-    return old_value
 
 
 def pick_chain(state, chain=0):

@@ -522,7 +522,7 @@ class SGWithinGibbs(SGKernel):
         True
     """
 
-    def __init__(self, kernel, hyper_sites=None, *, target_accept_prob=0.8, max_tree_depth=8, **kwargs):
+    def __init__(self, kernel, *, hyper_sites=None, target_accept_prob=0.8, max_tree_depth=8, **kwargs):
         if not isinstance(kernel, SGKernel) or isinstance(kernel, SGWithinGibbs) or hasattr(kernel, "hyperparameters"):
             raise TypeError(
                 "SGWithinGibbs: `kernel` must be a numpyro_sgd sampling kernel built on the model, e.g. "

@@ -309,13 +309,17 @@ class IASG(SGKernel):
        along the affected directions (no SG tuning can change this: Polyak–Juditsky).
        :meth:`predicted_covariance` computes the exact prediction from the full-data Hessian.
 
+    **Units of** ``step_size``. Mandt et al.'s ε of Alg. 1, a learning rate on the average loss L = U/N: θ ← θ
+    − ε H ∇L̂ = θ − (ε/N) H ∇Û_S, H = I with ``preconditioner="scalar"``. Default: the window-error rule
+    below.
+
     :param model: NumPyro model with a subsample plate.
     :param float step_size: ε in Mandt's units (optional; default above).
     :param int window: T, SG steps averaged per sample (default ⌈N/S⌉: one data pass). Another
         window scales the samples' covariance by N/(T S) (Eq. 44); a warning says so.
     :param str preconditioner: ``"auto"`` (default: ``"scalar"`` when ``step_size`` is given, the ε of
         Alg. 1; else ``"full"`` up to D = 1000 and ``"diag"`` above), ``"scalar"`` (H = I: the paper's
-        Alg. 1; ``None`` is its old name), ``"diag"`` (H = diag(A)⁻¹ from the
+        Alg. 1), ``"diag"`` (H = diag(A)⁻¹ from the
         diagonal noise estimate, O(S·D) warmup) or ``"full"`` (H = A⁻¹, Cholesky; D × D noise
         estimate in warmup). Without a preconditioner the full noise is estimated too (for λ_min
         and λ_max); with ``"diag"`` only the diagonal is, so the validity check sees scales
@@ -347,16 +351,11 @@ class IASG(SGKernel):
         (True, 1010.0)
     """
 
-    def __init__(self, model, step_size=None, window=None, preconditioner="auto", *, window_error=0.05,
+    def __init__(self, model, *, step_size=None, window=None, preconditioner="auto", window_error=0.05,
                  check_validity=True, noise_estimator=None, adam_fraction=0.4, noise_window=0.4, adam_lr=(0.1, 1e-3),
                  warmup_max_step=1.0, warmup_newton=True, **kwargs):
         if "steps_per_sample" in kwargs:
             raise TypeError("IASG: steps_per_sample is the averaging window; pass window=T instead.")
-        if preconditioner is None:  # the old name of H = I
-            warnings.warn("IASG: preconditioner=None is renamed preconditioner='scalar' (H = I, one meaning of "
-                          "each preconditioner name across the kernels); None stops working in the next release.",
-                          FutureWarning, stacklevel=find_stack_level())
-            preconditioner = "scalar"
         if preconditioner not in IASG_PRECONDITIONERS:
             raise ValueError(f"IASG: unknown preconditioner {preconditioner!r}; choose one of {IASG_PRECONDITIONERS}.")
         step_size = check_positive("IASG", "step_size", step_size, "a positive float or None (default rule)",
