@@ -474,7 +474,7 @@ def main(argv=None):
     p.add_argument("--laplace", action="store_true",
                    help="diagnostic: Laplace-approximation EM fixed point (exact Hessian; ~3 min more)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--data", default=None, help="folder holding mnist/ (default $NUMPYRO_SGD_DATA, ../shared/data)")
+    p.add_argument("--data", default=None, help="folder holding mnist/ (default: $NUMPYRO_SGD_DATA)")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs"))
     p.add_argument("--name", default="empirical_bayes", help="output files NAME.png and NAME_results.md")
     args = p.parse_args(argv)

@@ -339,12 +339,12 @@ class SGKernel(MCMCKernel):
         num_samples × steps_per_sample × S/N, not num_samples).
     :param float warmup_passes: the warmup budget in data passes, spread over MCMC's
         ``num_warmup`` iterations (⌈warmup_passes · N/S / num_warmup⌉ SG steps each, at least
-        one). Default (None): :data:`DEFAULT_WARMUP_PASSES` when ``steps_per_sample`` is the
+        one). Default (None): ``DEFAULT_WARMUP_PASSES`` when ``steps_per_sample`` is the
         kernel's relaxation time; otherwise (an explicit ``steps_per_sample``, or a kernel with
         no relaxation time such as SGLD) a warmup iteration takes ``steps_per_sample`` SG steps,
         as a sampling iteration does.
     :param str subsample: how sampling-phase minibatches are drawn, ``"with_replacement"``
-        (default) or ``"without_replacement"`` (see :data:`~numpyro_sgd.potential.SUBSAMPLE_METHODS`).
+        (default) or ``"without_replacement"`` (see ``numpyro_sgd.potential.SUBSAMPLE_METHODS``).
     :param str warmup_subsample: how warmup minibatches are drawn; defaults to ``subsample``;
         ``"shuffle"`` (epoch-wise reshuffling) is allowed here only, since it biases the
         stationary law.
@@ -838,7 +838,7 @@ class SGKernel(MCMCKernel):
         """Whether warmup is sampling under another name: nothing adapts, and a warmup iteration is
         a sampling iteration (same step, minibatch law and number of steps). Then NumPyro's
         warmup iterations simply sample, in the one compiled program; otherwise warmup runs
-        inside :meth:`init` (:meth:`_warmup`)."""
+        inside :meth:`init` (``_warmup``)."""
         alg = self._get_algorithm()
         return (alg.end_warmup is None and alg.sample_steps is None and alg.warmup_step is alg.sample_step
                 and self._warmup_subsample == self._subsample
@@ -955,7 +955,7 @@ class SGKernel(MCMCKernel):
     def sample(self, state, model_args, model_kwargs):
         """One MCMC iteration: ``steps_per_sample`` SG steps in one compiled loop, or, for the
         ``num_warmup`` iterations after a warmup that ran inside :meth:`init`, the state as it is
-        (``idle_iterations``). Only the sampling phase is traced (:meth:`_warmup`)."""
+        (``idle_iterations``). Only the sampling phase is traced (``_warmup``)."""
         model_args, model_kwargs = self._static(model_args, {} if model_kwargs is None else model_kwargs)
         _warn_constant_data(type(self).__name__, model_args, model_kwargs)
         if self._plain_burn_in():
@@ -980,7 +980,7 @@ class SGKernel(MCMCKernel):
 
         NumPyro hands the bar a new text after every returned sample; reading the state forces a
         device sync, which would stall the dispatch of every sample. The text returned here is a
-        :class:`ProgressText` that reads the state when tqdm draws the bar (at most every 0.1 s,
+        ``ProgressText`` that reads the state when tqdm draws the bar (at most every 0.1 s,
         and once more when the bar closes), so the final line shows the final state.
         """
         if jnp.ndim(state.i) > 0:

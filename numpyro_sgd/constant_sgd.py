@@ -230,7 +230,7 @@ class ConstantSGD(SGKernel):
     :param bool discrete_time_correction: use c = 2/(f + S/N) instead of 2 (default True).
     :param bool prior_noise: inject gradient noise with the prior's curvature (see the note;
         default False; needs the KL-optimal rate, i.e. no ``step_size``).
-    :param kwargs: warmup options of :class:`~numpyro_sgd.warmup.NoiseAdaptingKernel`
+    :param kwargs: warmup options of :func:`~numpyro_sgd.warmup.noise_warmup`
         (``noise_estimator``, ``adam_fraction``, ``noise_window``, ``adam_lr``, ``warmup_max_step``,
         ``warmup_newton``)
         and of :class:`~numpyro_sgd.base.SGKernel` (``steps_per_sample``, ``subsample``,

@@ -324,7 +324,7 @@ class EWSG(_IndexChainKernel):
     ``kernel_state.num_index_accepted`` / ``kernel_state.num_index_proposed`` (running totals,
     warmup included). They can be recorded per draw with
     ``mcmc.run(..., extra_fields=("kernel_state.num_index_accepted", "kernel_state.num_index_proposed"))``,
-    :func:`index_acceptance_rate` turns ``mcmc.last_state`` into the rate, and the progress bar
+    :func:`~numpyro_sgd.index_chain.index_acceptance_rate` turns ``mcmc.last_state`` into the rate, and the progress bar
     shows it. Warmup is burn-in with the same dynamics.
 
     .. note:: The extracted paper text is garbled around Eq. 4; re-derived from Eq. 3: with

@@ -165,7 +165,7 @@ def iasg(potential, step_size=None, window=None, preconditioner="auto", *, windo
         Alg. 1's, for H = I: ``"scalar"``; otherwise :func:`~numpyro_sgd.noise.resolve_preconditioner`).
     :param float window_error: target variance shortfall along λ_min for the default ε.
     :param bool check_validity: warn (host callback) at the end of warmup outside Eq. 46–47.
-    :param validity_warning: the :class:`ValidityWarning` to call (re-armed here); default a new one.
+    :param validity_warning: the ``ValidityWarning`` to call (re-armed here); default a new one.
     :param kwargs: the warmup options of :func:`~numpyro_sgd.warmup.noise_warmup`.
     :return: :class:`~numpyro_sgd.base.SGAlgorithm`.
     """
@@ -297,7 +297,7 @@ class IASG(SGKernel):
        default, and κ = λ_max/λ_min times more along λ_max without a preconditioner. Their
        stationary mean solves E[∇U(θ)] = 0 over that wider law, so the skewness that separates
        the posterior mean from the mode is amplified by the spread. Measured on the quickstart
-       logistic regression (N = 10⁵, D = 9, κ ≈ 11): max |mean error| 0.7–0.8 posterior sd
+       logistic regression (N = 10⁵, D = 9, κ ≈ 11): largest absolute mean error 0.7–0.8 posterior sd
        without a preconditioner, 0.15–0.2 sd with ``preconditioner="full"`` (spread 10× in
        every direction) or with ``window_error=0.2`` (smaller ε, 20 % narrower samples).
        ``validity()["stiff_spread"]`` reports ε T λ_max / 2.

@@ -74,7 +74,7 @@ class SantaState(NamedTuple):
 
 def santa_init(rng_key, theta, learning_rate, thermostat_init=None):
     """u₀ ∝ N(0, I), α₀ = √η C, v₀ = 0 (Alg. 3); ``thermostat_init=None``: C = g₁. The scale of
-    u₀ and C = g₁ are set at the first step (see :func:`santa_step`)."""
+    u₀ and C = g₁ are set at the first step (see ``santa_step``)."""
     root = jnp.sqrt(jnp.asarray(learning_rate, theta.dtype))
     c = jnp.nan if thermostat_init is None else thermostat_init
     return SantaState(
@@ -206,7 +206,7 @@ def santa_algorithm(potential, step_size=None, anneal=False, *, schedule=None, b
     * ``k_idx, k_noise = split(rng_key)``; f̃_t = ∇Û_S(θ_{t−1}) on the minibatch of ``k_idx``;
     * β_t = 1 (``anneal=False``) or ``schedule(t)``; exploration while ``not anneal`` or
       t ≤ ``burnin``, refinement after (Alg. 3);
-    * :func:`santa_step` on the average loss L = U/N at inverse temperature N β_t
+    * ``santa_step`` on the average loss L = U/N at inverse temperature N β_t
       (exp(−Nβ L) = exp(−β U), per-datum units) with the noise key ``k_noise``.
 
     :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential` (plates, N, S, D).
@@ -301,7 +301,7 @@ class Santa(SGKernel):
     balances the injected noise (fluctuation–dissipation), so the thermostat starts at its
     equilibrium (capped at α₀ ≤ 1: a coordinate whose first gradient vanishes has g₁ ≈ 1/√λ and
     α₀ > 2 made the Euler update diverge on MNIST's always-blank pixels); v₁ = (f̃₁/N)² and
-    g₀ = g₁ (see :func:`santa_step`).
+    g₀ = g₁ (see ``santa_step``).
 
     **Default step size** (``step_size=None``, β = 1 only). Warmup (``num_warmup ×
     steps_per_sample`` SG steps) is the noise warmup of :class:`~numpyro_sgd.ConstantSGD`

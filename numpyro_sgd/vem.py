@@ -175,7 +175,7 @@ class VariationalEM(SGKernel):
     λ                           every ``numpyro.param`` site, updated on its unconstrained scale
                                 (``biject_to(constraint)``), so constraints always hold
     ρ_t (decreasing)            ``hyper_step_size`` ρ₀, ``hyper_offset`` t₀, ``hyper_power`` κ:
-                                ρ_t = ρ₀ (1 + t/t₀)^(−κ) (:func:`robbins_monro_rate`)
+                                ρ_t = ρ₀ (1 + t/t₀)^(−κ) (:func:`~numpyro_sgd.vem.robbins_monro_rate`)
     θ-step at ε*                the wrapped ``kernel`` (ConstantSGD, SGFS, IASG, SGLD, SGHMC, ...)
     ==========================  ===============================================================
 
