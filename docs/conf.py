@@ -20,11 +20,12 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.doctest",
     "sphinx.ext.mathjax",
-    "sphinx.ext.viewcode",
 ]
 
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 root_doc = "index"
+# the API page's hundreds of objects stay out of the navigation tree (it is rebuilt for every page)
+toc_object_entries = False
 exclude_patterns = ["_build", "benchmark_scaling_data"]
 
 # MyST: $...$ / $$...$$ maths, anchors for "#section" links, tables and definition lists
