@@ -40,7 +40,7 @@ Protocol and choices (the paper gives the model, the data set and the algorithms
 * **(a) MAP**: optax L-BFGS in float32 on the full training subset, warm-started from the
   neighbouring grid point, until max |∇L| ≤ 1e-5 N (or 1,000 iterations; the final gradient is
   printed). Default grid (``--grid``): 9 values λ = 10^-1 … 10^3 in half decades.
-* **(b) VEM**: ``ConstantSGD(model, "diag", momentum=0.1)``, one chain, minibatch S =
+* **(b) VEM**: ``ConstantSGD(model, preconditioner="diag", momentum=0.1)``, one chain, minibatch S =
   ``--vem-batch-size`` (50). The ``"full"`` preconditioner needs a D² noise matrix (6,790
   weights: 46 M entries, and a 6,790² Cholesky at every re-tuning), so it is out. Momentum
   because the KL-optimal rates without it are *unstable* on MNIST: a power iteration on the

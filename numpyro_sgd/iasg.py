@@ -136,7 +136,7 @@ def _resolve_window(potential, window, window_error, step_size, name):
             "far outside the small-step regime (A1–A4) the averaging theory assumes; on non-Gaussian "
             "posteriors expect biased means and sds (the iterates spread over T × the posterior). "
             "IASG needs N/S ≫ 20 × the condition number (Eq. 47): use a smaller subsample_size, "
-            "or ConstantSGD(model, 'full') for small data sets.",
+            "or ConstantSGD(model, preconditioner='full') for small data sets.",
             stacklevel=find_stack_level(),
         )
     if window is not None and window != one_pass:
