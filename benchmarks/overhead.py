@@ -113,7 +113,7 @@ class Counted:
 
 
 KERNELS = {
-    "ConstantSGD-full": lambda m, s: ConstantSGD(m, "full", subsample_size=s),
+    "ConstantSGD-full": lambda m, s: ConstantSGD(m, preconditioner="full", subsample_size=s),
     "SGFS": lambda m, s: SGFS(m, subsample_size=s),
     "IASG": lambda m, s: IASG(m, subsample_size=s),
     "SGLD": lambda m, s: SGLD(m, subsample_size=s),

@@ -38,7 +38,7 @@ def child(args):
     X, y = simulate(args.n, args.d)
     clock = Clock()
     t0 = time.perf_counter()
-    mcmc = MCMC(ConstantSGD(Counted(args.d, args.s), "full", subsample_size=args.s), num_warmup=100,
+    mcmc = MCMC(ConstantSGD(Counted(args.d, args.s), preconditioner="full", subsample_size=args.s), num_warmup=100,
                 num_samples=args.num_samples, num_chains=2, chain_method="vectorized", jit_model_args=True,
                 progress_bar=False)
     mcmc.run(random.key(0), X, y)

@@ -54,8 +54,8 @@ WORKER = textwrap.dedent(r"""
         sharding = NamedSharding(mesh, P("data"))
         rows = process_rows(n) if mode == "2proc" else slice(0, n)
         X, y = (jax.make_array_from_process_local_data(sharding, a[rows], a.shape) for a in (X, y))
-    mcmc = MCMC(ConstantSGD(model, "full", mesh=mesh), num_warmup=20, num_samples=draws, progress_bar=False,
-                jit_model_args=True)
+    mcmc = MCMC(ConstantSGD(model, preconditioner="full", mesh=mesh), num_warmup=20, num_samples=draws,
+                progress_bar=False, jit_model_args=True)
     start = time.perf_counter()
     mcmc.run(jax.random.key(1), X, y)
     jax.block_until_ready(mcmc.last_state)

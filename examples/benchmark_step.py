@@ -59,10 +59,10 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "output" / "benchmark_step.json"
 
 
 KERNELS = {
-    "ConstantSGD-scalar": lambda m: ConstantSGD(m, "scalar", steps_per_sample=SPS),
-    "ConstantSGD-diag": lambda m: ConstantSGD(m, "diag", steps_per_sample=SPS),
-    "ConstantSGD-full": lambda m: ConstantSGD(m, "full", steps_per_sample=SPS),
-    "SGFS-full": lambda m: SGFS(m, "full", steps_per_sample=SPS),
+    "ConstantSGD-scalar": lambda m: ConstantSGD(m, preconditioner="scalar", steps_per_sample=SPS),
+    "ConstantSGD-diag": lambda m: ConstantSGD(m, preconditioner="diag", steps_per_sample=SPS),
+    "ConstantSGD-full": lambda m: ConstantSGD(m, preconditioner="full", steps_per_sample=SPS),
+    "SGFS-full": lambda m: SGFS(m, preconditioner="full", steps_per_sample=SPS),
     "SGLD": lambda m: SGLD(m, step_size=1e-5, steps_per_sample=SPS),
     "SGHMC": lambda m: SGHMC(m, step_size=2e-3, friction=50.0, steps_per_sample=SPS),
     "EWSG": lambda m: EWSG(m, step_size=2e-3, friction=50.0, num_index_steps=1, steps_per_sample=SPS),

@@ -11,8 +11,8 @@ seed), for
   potential U = ½‖w‖² − (N/S) Σ log Bernoulli(y | sigmoid(x·w)) and does
   w ← w − (ε/2)∇U + √ε ξ; the scan returns the K samples, as MCMC collects them;
 * ``SGLD``: ``MCMC(SGLD(model, step_size=1e-5), num_warmup=0, num_samples=K, progress_bar=False)``;
-* ``ConstantSGD-diag``: ``ConstantSGD(model, "diag", steps_per_sample=1)``, sampling phase only (200 warmup steps
-  in the first, untimed run; the timed runs continue from ``post_warmup_state``);
+* ``ConstantSGD-diag``: ``ConstantSGD(model, preconditioner="diag", steps_per_sample=1)``, sampling phase only (200
+  warmup steps in the first, untimed run; the timed runs continue from ``post_warmup_state``);
 * ``ConstantSGD-diag sps=10 +pbar``: the same with ``steps_per_sample=10`` and
   ``progress_bar=True``, K/10 returned samples, so the same K SG steps.
 
@@ -228,9 +228,11 @@ def main(argv=None):
 
     sgld = MCMC(SGLD(model, step_size=SGLD_STEP_SIZE), num_warmup=0, num_samples=K,
                 progress_bar=False, **common)
-    csgd = MCMC(ConstantSGD(model, "diag", steps_per_sample=1), num_warmup=CSGD_WARMUP_STEPS, num_samples=K,
+    csgd = MCMC(ConstantSGD(model, preconditioner="diag", steps_per_sample=1), num_warmup=CSGD_WARMUP_STEPS,
+                num_samples=K,
                 progress_bar=False, **common)
-    csgd_sps = MCMC(ConstantSGD(model, "diag", steps_per_sample=SPS), num_warmup=CSGD_WARMUP_STEPS // SPS,
+    csgd_sps = MCMC(ConstantSGD(model, preconditioner="diag", steps_per_sample=SPS),
+                    num_warmup=CSGD_WARMUP_STEPS // SPS,
                     num_samples=K // SPS, progress_bar=True, **common)
     configs = {
         "baseline": Baseline(K, args.s, X, y),

@@ -40,7 +40,7 @@ Protocol and choices (the paper gives the model, the data set and the algorithms
 * **(a) MAP**: optax L-BFGS in float32 on the full training subset, warm-started from the
   neighbouring grid point, until max |∇L| ≤ 1e-5 N (or 1,000 iterations; the final gradient is
   printed). Default grid (``--grid``): 9 values λ = 10^-1 … 10^3 in half decades.
-* **(b) VEM**: ``ConstantSGD(model, "diag", momentum=0.1)``, one chain, minibatch S =
+* **(b) VEM**: ``ConstantSGD(model, preconditioner="diag", momentum=0.1)``, one chain, minibatch S =
   ``--vem-batch-size`` (50). The ``"full"`` preconditioner needs a D² noise matrix (6,790
   weights: 46 M entries, and a 6,790² Cholesky at every re-tuning), so it is out. Momentum
   because the KL-optimal rates without it are *unstable* on MNIST: a power iteration on the
@@ -278,7 +278,7 @@ def flat_bottom(grid_lams, grid_loss, threshold):
 def run_vem(args, x, y, seed):
     model = make_model(args.lam_init, args.vem_batch_size)
     k = args.steps_per_sample
-    kernel = ConstantSGD(model, args.vem_preconditioner, momentum=args.vem_momentum, steps_per_sample=k,
+    kernel = ConstantSGD(model, preconditioner=args.vem_preconditioner, momentum=args.vem_momentum, steps_per_sample=k,
                          prior_noise=args.prior_noise)
     vem = VariationalEM(kernel, hyper_step_size=args.hyper_step_size)
     mcmc = MCMC(vem, num_warmup=max(args.vem_warmup // k, 1), num_samples=max(args.vem_steps // k, 2),
@@ -474,7 +474,7 @@ def main(argv=None):
     p.add_argument("--laplace", action="store_true",
                    help="diagnostic: Laplace-approximation EM fixed point (exact Hessian; ~3 min more)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--data", default=None, help="folder holding mnist/ (default $NUMPYRO_SGD_DATA, ../shared/data)")
+    p.add_argument("--data", default=None, help="folder holding mnist/ (default: $NUMPYRO_SGD_DATA)")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs"))
     p.add_argument("--name", default="empirical_bayes", help="output files NAME.png and NAME_results.md")
     args = p.parse_args(argv)

@@ -144,16 +144,17 @@ def main(argv=None):
     print(f"EWSG Sec. 5.1: n = {N}, minibatch 1, {cfg.passes:g} passes, {cfg.chains} chains")
 
     def ewsg(step, m, **kw):
-        return lambda k: EWSG(model, step, gamma, num_index_steps=m, steps_per_sample=k, **kw)
+        return lambda k: EWSG(model, step_size=step, friction=gamma, num_index_steps=m, steps_per_sample=k, **kw)
 
     sections = {}
     print("Fig. 1a")
     a = [
-        ("SGLD (ε = %g)" % eps, lambda k: SGLD(model, eps, steps_per_sample=k), 1),
-        ("pSGLD (ε = %g)" % eps, lambda k: PSGLD(model, eps, steps_per_sample=k), 1),
-        ("SGHMC (h = 5e-2)", lambda k: SGHMC(model, h, gamma, steps_per_sample=k), 1),
+        ("SGLD (ε = %g)" % eps, lambda k: SGLD(model, step_size=eps, steps_per_sample=k), 1),
+        ("pSGLD (ε = %g)" % eps, lambda k: PSGLD(model, step_size=eps, steps_per_sample=k), 1),
+        ("SGHMC (h = 5e-2)", lambda k: SGHMC(model, step_size=h, friction=gamma, steps_per_sample=k), 1),
         ("EWSG M = 1 (h = 5e-2)", ewsg(h, 1), 2),
-        ("overdamped EWSG M = 1 (ε = %g)" % eps, lambda k: OverdampedEWSG(model, eps, 1, steps_per_sample=k), 2),
+        ("overdamped EWSG M = 1 (ε = %g)" % eps, lambda k: OverdampedEWSG(model, step_size=eps, num_index_steps=1,
+                                                                          steps_per_sample=k), 2),
     ]
     sections["a"] = [run(name, mk, e, c, target, cfg, next(keys)) for name, mk, e in a]
     print("Fig. 1b (h = 7e-2, M = 1)")
@@ -165,11 +166,14 @@ def main(argv=None):
     sections["c"] += [run(f"EWSG M = {m}", ewsg(h, m), m + 1, c, target, cfg, next(keys)) for m in (9, 19)]
     print("App. F: EWSG-VR (L = 1)")
     vr = [
-        ("EWSG-VR M = 1 (h = 5e-2)", lambda k: EWSGVR(model, h, gamma, 1, steps_per_sample=k), 5),
-        ("SGHMC (h = 2e-2)", lambda k: SGHMC(model, 2e-2, gamma, steps_per_sample=k), 1),
+        ("EWSG-VR M = 1 (h = 5e-2)", lambda k: EWSGVR(model, step_size=h, friction=gamma, num_index_steps=1,
+                                                      steps_per_sample=k), 5),
+        ("SGHMC (h = 2e-2)", lambda k: SGHMC(model, step_size=2e-2, friction=gamma, steps_per_sample=k), 1),
         ("EWSG M = 1 (h = 2e-2)", ewsg(2e-2, 1), 2),
-        ("EWSG-VR M = 1 (h = 2e-2)", lambda k: EWSGVR(model, 2e-2, gamma, 1, steps_per_sample=k), 5),
-        ("EWSG-VR M = 0 (h = 2e-2)", lambda k: EWSGVR(model, 2e-2, gamma, 0, steps_per_sample=k), 3),
+        ("EWSG-VR M = 1 (h = 2e-2)", lambda k: EWSGVR(model, step_size=2e-2, friction=gamma, num_index_steps=1,
+                                                      steps_per_sample=k), 5),
+        ("EWSG-VR M = 0 (h = 2e-2)", lambda k: EWSGVR(model, step_size=2e-2, friction=gamma, num_index_steps=0,
+                                                      steps_per_sample=k), 3),
     ]
     # EWSG-VR's evals per step: (M + 2) S, plus N = 50 every ⌈N / ((M + 1) S)⌉ steps (amortised)
     sections["vr"] = [run(name, mk, e, c, target, cfg, next(keys)) for name, mk, e in vr]

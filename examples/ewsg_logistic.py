@@ -52,7 +52,7 @@ Run (7 configurations × 10 repeats; measured 16 minutes on 2 CPU cores that oth
 most of it the 4,000-step pass of each repeat and one compilation per configuration; a quick run,
 ``--repeats 3 --retuned --equal-steps``, takes about a quarter of that)::
 
-    python examples/ewsg_logistic.py                       # Skin Segmentation from ../shared/data
+    python examples/ewsg_logistic.py --data /path/to/data  # Skin Segmentation (or set $NUMPYRO_SGD_DATA)
     python examples/ewsg_logistic.py --repeats 3 --retuned --equal-steps
     python examples/ewsg_logistic.py --dataset covtype --data /path/to/data
     python examples/ewsg_logistic.py --repeats 5 --step-size EWSG=2e-3
@@ -162,12 +162,12 @@ def make_kernel(name, step, steps_per_sample, dim):
     init = init_to_value(values={"w": jnp.zeros(dim)})
     kw = dict(steps_per_sample=steps_per_sample, init_strategy=init)
     if name == "SGLD":
-        return SGLD(logistic_model, step, **kw)
+        return SGLD(logistic_model, step_size=step, **kw)
     if name == "pSGLD":
-        return PSGLD(logistic_model, step, **kw)
+        return PSGLD(logistic_model, step_size=step, **kw)
     if name == "SGHMC":
-        return SGHMC(logistic_model, step, FRICTION, **kw)
-    return EWSG(logistic_model, step, FRICTION, num_index_steps=1, **kw)
+        return SGHMC(logistic_model, step_size=step, friction=FRICTION, **kw)
+    return EWSG(logistic_model, step_size=step, friction=FRICTION, num_index_steps=1, **kw)
 
 
 def one_pass(kernel, key, num_chains, Xj, yj, sample_fn=None):
@@ -284,8 +284,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", choices=("skin", "covtype"), default="skin",
                    help="skin (default; available here) or covtype (the paper's; needs covtype/covtype.data.gz)")
-    p.add_argument("--data", default=None, help="folder with the dataset sub-folders (default: $NUMPYRO_SGD_DATA "
-                   "or ../shared/data)")
+    p.add_argument("--data", default=None, help="folder with the dataset sub-folders (default: $NUMPYRO_SGD_DATA)")
     p.add_argument("--repeats", type=int, default=10, help="repeats (seeds) per method (paper: 1000)")
     p.add_argument("--samples", type=int, default=100, help="posterior samples (independent chains) per repeat")
     p.add_argument("--step-size", nargs="*", default=[], metavar="NAME=VALUE",

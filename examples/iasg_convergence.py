@@ -30,7 +30,7 @@ Inference* (JMLR 18, 2017) with :class:`~numpyro_sgd.IASG` (the paper's Alg. 1):
   IASG (default ε)              ``IASG(model, preconditioner="scalar")``: ε from the curvature estimated in a
                                 ``--iasg-warmup`` = 5 pass warmup (counted in the budget), set
                                 for a 5 % variance shortfall (Eq. 46); an extra row, not in the paper
-  SGLD                          ``SGLD(model, robbins_monro(1e-3, 1000, 0.5))``, S = 10
+  SGLD                          ``SGLD(model, step_size=robbins_monro(1e-3, 1000, 0.5))``, S = 10
   NUTS                          NumPyro ``NUTS`` on the full data; warmup counted
   ============================  ================================================================
 

@@ -62,19 +62,20 @@ def main():
         return mcmc
 
     per_pass = N // S
-    cases = [("ConstantSGD-full", lambda m: ns.ConstantSGD(regression, "full", mesh=m), 1),
+    cases = [("ConstantSGD-full", lambda m: ns.ConstantSGD(regression, preconditioner="full", mesh=m), 1),
              ("SGFS", lambda m: ns.SGFS(regression, mesh=m), 1),
              ("IASG", lambda m: ns.IASG(regression, mesh=m), 1),
              ("SGLD", lambda m: ns.SGLD(regression, steps_per_sample=per_pass, mesh=m), 1),
              ("PSGLD", lambda m: ns.PSGLD(regression, steps_per_sample=per_pass, mesh=m), 1),
              ("SGHMC", lambda m: ns.SGHMC(regression, steps_per_sample=per_pass, mesh=m), 1),
              ("Santa", lambda m: ns.Santa(regression, steps_per_sample=per_pass, mesh=m), 1),
-             ("ConstantSGD-full, 2 vectorized chains", lambda m: ns.ConstantSGD(regression, "full", mesh=m), 2)]
+             ("ConstantSGD-full, 2 vectorized chains", lambda m: ns.ConstantSGD(regression, preconditioner="full",
+                                                                                mesh=m), 2)]
     for name, make, chains in cases:
         one = kl(np.asarray(run(make(None), (X, t), chains).get_samples()["w"], np.float64))
         two = kl(np.asarray(run(make(mesh), sharded, chains).get_samples()["w"], np.float64))
         print(f"{name}: KL 1 device {one:.4f}, 2 devices {two:.4f}", flush=True)
-    mcmc = run(ns.VariationalEM(ns.ConstantSGD(regression_with_param, "full", mesh=mesh)), sharded)
+    mcmc = run(ns.VariationalEM(ns.ConstantSGD(regression_with_param, preconditioner="full", mesh=mesh)), sharded)
     print(f"VariationalEM on the mesh: KL {kl(np.asarray(mcmc.get_samples()['w'], np.float64)):.4f}, "
           f"λ {mcmc.sampler.hyperparameters(mcmc.last_state)}")
     try:

@@ -9,7 +9,7 @@ relative sd error (constrained scale) and the Gaussian-fit KL in both directions
 unconstrained scale, next to the reference's own noise floor (split-half NUTS validation in
 ``validation_numpyro_nuts.json``).
 
-    python examples/posteriordb_suite.py                       # data from $NUMPYRO_SGD_DATA or ../shared/data
+    python examples/posteriordb_suite.py --data /path/to/data  # holding posteriordb/ (or set $NUMPYRO_SGD_DATA)
     python examples/posteriordb_suite.py --data /path/to/data --posteriors sblri-blr kidiq-kidscore_interaction
 
 SGLD's step size is set per posterior from the gradient-noise covariance Q that ConstantSGD-full
@@ -30,7 +30,7 @@ import jax
 import numpy as np
 from numpyro.infer import MCMC
 
-from numpyro_sgd import IASG, SGLD, ConstantSGD, SubsampledPotential
+from numpyro_sgd import IASG, SGLD, ConstantSGD, SubsampledPotential, datasets
 from numpyro_sgd.diagnostics import compare
 
 GOLD = [
@@ -42,8 +42,8 @@ SUPPLEMENTARY = ["german_credit_numeric-logistic_regression"]
 
 
 def default_data_dir():
-    here = os.path.dirname(os.path.abspath(__file__))
-    return os.environ.get("NUMPYRO_SGD_DATA", os.path.join(here, "..", "..", "shared", "data"))
+    """$NUMPYRO_SGD_DATA, else a development checkout's data folder (``datasets.default_data_dir``)."""
+    return str(datasets.default_data_dir())
 
 
 def load_models(pdb_dir):
@@ -73,8 +73,8 @@ def run_posterior(name, pdb_dir, models, args, key):
     # IASG returns one sample per window of T = ⌈N/S⌉ SG steps: same SG-step budget, fewer samples
     window = -(-n // s)
     kernels = {
-        "ConstantSGD-full": (lambda: ConstantSGD(model, "full", steps_per_sample=sps), 1),
-        "ConstantSGD-diag": (lambda: ConstantSGD(model, "diag", steps_per_sample=sps), 1),
+        "ConstantSGD-full": (lambda: ConstantSGD(model, preconditioner="full", steps_per_sample=sps), 1),
+        "ConstantSGD-diag": (lambda: ConstantSGD(model, preconditioner="diag", steps_per_sample=sps), 1),
         "IASG-full": (lambda: IASG(model, preconditioner="full"), sps / window),
     }
     runs = {}
@@ -107,7 +107,8 @@ def run_posterior(name, pdb_dir, models, args, key):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default=default_data_dir(), help="data folder holding posteriordb/")
+    parser.add_argument("--data", default=default_data_dir(),
+                        help="data folder holding posteriordb/ (default: $NUMPYRO_SGD_DATA)")
     parser.add_argument("--posteriors", nargs="*", default=None, help="posterior folder names (default: all gold)")
     parser.add_argument("--supplementary", action="store_true", help="also run German credit (gold mean/sd)")
     parser.add_argument("--chains", type=int, default=4)
@@ -142,7 +143,7 @@ def main(argv=None):
     table = "\n".join(lines)
     print("\n" + table)
     with open(os.path.join(args.out, "posteriordb.md"), "w") as f:
-        f.write(table + "\n")
+        f.write("# posteriordb reference posteriors (examples/posteriordb_suite.py)\n\n" + table + "\n")
     with open(os.path.join(args.out, "posteriordb.json"), "w") as f:
         json.dump(results, f, indent=1)
 

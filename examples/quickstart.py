@@ -10,7 +10,7 @@ N = 100,000 observations, D = 8 correlated features plus an intercept, minibatch
 NUTS runs on the full data (every leapfrog step is a full-data gradient) and is the reference.
 
     python examples/quickstart.py                       # the default problem
-    python examples/quickstart.py --data ../shared/data/skin_segmentation/Skin_NonSkin.txt
+    python examples/quickstart.py --data /path/to/skin_segmentation/Skin_NonSkin.txt
     python examples/quickstart.py --data my.csv --target 0 --subsample-size 500
 
 ``--data`` takes a numeric CSV (with a header) or a whitespace-separated text file; the target
@@ -119,13 +119,13 @@ def main(argv=None):
 
     sps = args.steps_per_sample
     kernels = {
-        "ConstantSGD-scalar": ConstantSGD(model, "scalar", steps_per_sample=sps),
-        "ConstantSGD-diag": ConstantSGD(model, "diag", steps_per_sample=sps),
-        "ConstantSGD-sqrt": ConstantSGD(model, "sqrt", steps_per_sample=sps),
-        "ConstantSGD-full": ConstantSGD(model, "full", steps_per_sample=sps),
-        "ConstantSGD-full-momentum": ConstantSGD(model, "full", momentum=0.5, steps_per_sample=sps),
-        "SGFS-diag": SGFS(model, "diag", steps_per_sample=sps),
-        "SGFS-full": SGFS(model, "full", steps_per_sample=sps),
+        "ConstantSGD-scalar": ConstantSGD(model, preconditioner="scalar", steps_per_sample=sps),
+        "ConstantSGD-diag": ConstantSGD(model, preconditioner="diag", steps_per_sample=sps),
+        "ConstantSGD-sqrt": ConstantSGD(model, preconditioner="sqrt", steps_per_sample=sps),
+        "ConstantSGD-full": ConstantSGD(model, preconditioner="full", steps_per_sample=sps),
+        "ConstantSGD-full-momentum": ConstantSGD(model, preconditioner="full", momentum=0.5, steps_per_sample=sps),
+        "SGFS-diag": SGFS(model, preconditioner="diag", steps_per_sample=sps),
+        "SGFS-full": SGFS(model, preconditioner="full", steps_per_sample=sps),
     }
     runs = {}
 
@@ -175,6 +175,7 @@ def main(argv=None):
         print(table)
     table.to_csv(os.path.join(args.out, "compare.csv"))
     with open(os.path.join(args.out, "compare.md"), "w") as f:
+        f.write("# Main job: every kernel against NUTS (examples/quickstart.py)\n\n")
         f.write(table.to_markdown(floatfmt=".3g") if _has_tabulate() else table.to_string())
 
     plot_marginals(runs, nuts, os.path.join(args.out, "marginals.png"))

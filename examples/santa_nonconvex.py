@@ -300,7 +300,7 @@ def main(argv=None):
     ap.add_argument("--n-train", type=int, default=10_000, help="training images (default 10,000)")
     ap.add_argument("--hidden", type=int, default=100, help="hidden tanh units (default 100)")
     ap.add_argument("--batch-size", type=int, default=100, help="minibatch size S (default 100)")
-    ap.add_argument("--data", default=None, help=f"data folder (default ${DATA_ENV_VAR} or ../shared/data)")
+    ap.add_argument("--data", default=None, help=f"folder holding mnist/ (default: ${DATA_ENV_VAR})")
     ap.add_argument("--out", default=None, help="output folder (default docs; --quick: examples/output/...)")
     ap.add_argument("--no-check", action="store_true", help="skip the map_estimate check")
     ap.add_argument("--grid", action="append", default=[], metavar="METHOD=LR,LR,...",

@@ -72,7 +72,7 @@ Mandt Eq. 13 / Eq. 34): the value a very long run would reach.
 Run (measured on 2 busy CPU cores: about 6.5 minutes, ``--quick`` about 2.5 minutes; a third to
 half of it is compilation, cached in ``.jax_cache`` for later runs)::
 
-    python examples/table1_kl.py                      # data from $NUMPYRO_SGD_DATA or ../shared/data
+    python examples/table1_kl.py --data /path/to/data  # or set $NUMPYRO_SGD_DATA
     python examples/table1_kl.py --quick --datasets wine skin
     python examples/table1_kl.py --data /path/to/data --sgld-step-size wine=1e-4
 
@@ -401,7 +401,7 @@ def run_dataset(name, data_dir, cfg, key):
 
     for i, (label, pc) in enumerate([("constant SGD", "scalar"), ("constant SGD-d", "diag"),
                                      ("constant SGD-f", "full")]):
-        add(sg_row(label, ConstantSGD(model, pc, **common), keys[i], data, post, hessian, q, cfg))
+        add(sg_row(label, ConstantSGD(model, preconditioner=pc, **common), keys[i], data, post, hessian, q, cfg))
     add(sg_row("SGLD", SGLD(model, step_size=eps_sgld, **common), keys[3], data, post, hessian, q, cfg,
                init_params={"w": jnp.asarray(mean)}))
     for i, (label, pc) in enumerate([("SGFS-d", "diag"), ("SGFS-f", "full")]):
@@ -504,7 +504,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default=None,
                         help=f"folder with wine_quality/, protein_casp/, skin_segmentation/ "
-                             f"(default: ${DATA_ENV_VAR}, else ../shared/data)")
+                             f"(default: ${DATA_ENV_VAR})")
     parser.add_argument("--datasets", nargs="+", choices=list(DATASETS), default=["wine", "skin", "protein"])
     parser.add_argument("--quick", action="store_true", help="short runs (about 2 minutes in all)")
     parser.add_argument("--num-warmup", type=_positive_int, help="warmup draws (each steps-per-sample SG steps); "

@@ -2,8 +2,29 @@
 
 from .base import SGAlgorithm, SGKernel, SGState, StepInfo
 from .constant_sgd import ConstantSGD, ConstantSGDState, constant_sgd
-from .diagnostics import check_run, fit_gaussian, gaussian_kl
-from .ewsg import EWSG, EWSGVR, EWSGState, EWSGVRState, OverdampedEWSG, OverdampedEWSGState, ewsg, ewsg_vr
+from .diagnostics import (
+    check_run,
+    compare,
+    convergence_curve,
+    fit_gaussian,
+    gaussian_kl,
+    moment_errors,
+    plot_convergence,
+    plot_ellipses,
+    plot_marginals,
+    to_arviz,
+)
+from .ewsg import (
+    EWSG,
+    EWSGVR,
+    EWSGState,
+    EWSGVRState,
+    OverdampedEWSG,
+    OverdampedEWSGState,
+    ewsg,
+    ewsg_vr,
+    overdamped_ewsg,
+)
 from .gibbs import SGWithinGibbs, SGWithinGibbsState, centre_loc_scale, hyper_candidates, sg_within_gibbs
 from .iasg import IASG, IASGState, iasg
 from .loo import LooSubsample, compare_loo, loo_subsample
@@ -55,7 +76,9 @@ __all__ = [
     "SubsampledPotential",
     "VariationalEM",
     "VariationalEMState",
+    "compare",
     "compare_loo",
+    "convergence_curve",
     "constant_sgd",
     "ewsg",
     "ewsg_vr",
@@ -64,6 +87,11 @@ __all__ = [
     "iasg",
     "loo_subsample",
     "lyapunov_covariance",
+    "moment_errors",
+    "overdamped_ewsg",
+    "plot_convergence",
+    "plot_ellipses",
+    "plot_marginals",
     "map_estimate",
     "polynomial_annealing",
     "psgld",
@@ -73,5 +101,6 @@ __all__ = [
     "sgfs",
     "sghmc",
     "sgld",
+    "to_arviz",
     "variational_em",
 ]

@@ -61,7 +61,7 @@ from .sharding import DataParallelOracle, check_mesh
 from .validation import check_init_params, check_int, check_positive  # noqa: F401 - re-exported
 
 __all__ = ["SGState", "SGKernel", "SGAlgorithm", "StepInfo", "MinibatchOracle", "is_positive_scalar",
-           "pick_chain", "renamed_keyword"]
+           "pick_chain"]
 
 
 class StepInfo(NamedTuple):
@@ -164,18 +164,6 @@ def is_positive_scalar(value):
     except (TypeError, ValueError):
         return False
     return bool(np.isfinite(value) and value > 0)
-
-
-def renamed_keyword(name, new, new_value, default, old, old_value):
-    """The value of a keyword argument renamed from ``old`` to ``new`` (the old name keeps working for
-    one release, with a ``FutureWarning``); ``old_value`` is None when the old name was not used."""
-    if old_value is None:
-        return new_value
-    if new_value != default:
-        raise TypeError(f"{name}: got both `{new}` and its old name `{old}`; pass `{new}` only.")
-    warnings.warn(f"{name}: the keyword `{old}` is renamed `{new}` (one name per idea across the kernels); "
-                  f"`{old}` stops working in the next release.", FutureWarning, stacklevel=find_stack_level())
-    return old_value
 
 
 def pick_chain(state, chain=0):
@@ -351,12 +339,12 @@ class SGKernel(MCMCKernel):
         num_samples × steps_per_sample × S/N, not num_samples).
     :param float warmup_passes: the warmup budget in data passes, spread over MCMC's
         ``num_warmup`` iterations (⌈warmup_passes · N/S / num_warmup⌉ SG steps each, at least
-        one). Default (None): :data:`DEFAULT_WARMUP_PASSES` when ``steps_per_sample`` is the
+        one). Default (None): ``DEFAULT_WARMUP_PASSES`` when ``steps_per_sample`` is the
         kernel's relaxation time; otherwise (an explicit ``steps_per_sample``, or a kernel with
         no relaxation time such as SGLD) a warmup iteration takes ``steps_per_sample`` SG steps,
         as a sampling iteration does.
     :param str subsample: how sampling-phase minibatches are drawn, ``"with_replacement"``
-        (default) or ``"without_replacement"`` (see :data:`~numpyro_sgd.potential.SUBSAMPLE_METHODS`).
+        (default) or ``"without_replacement"`` (see ``numpyro_sgd.potential.SUBSAMPLE_METHODS``).
     :param str warmup_subsample: how warmup minibatches are drawn; defaults to ``subsample``;
         ``"shuffle"`` (epoch-wise reshuffling) is allowed here only, since it biases the
         stationary law.
@@ -850,7 +838,7 @@ class SGKernel(MCMCKernel):
         """Whether warmup is sampling under another name: nothing adapts, and a warmup iteration is
         a sampling iteration (same step, minibatch law and number of steps). Then NumPyro's
         warmup iterations simply sample, in the one compiled program; otherwise warmup runs
-        inside :meth:`init` (:meth:`_warmup`)."""
+        inside :meth:`init` (``_warmup``)."""
         alg = self._get_algorithm()
         return (alg.end_warmup is None and alg.sample_steps is None and alg.warmup_step is alg.sample_step
                 and self._warmup_subsample == self._subsample
@@ -971,7 +959,7 @@ class SGKernel(MCMCKernel):
     def sample(self, state, model_args, model_kwargs):
         """One MCMC iteration: ``steps_per_sample`` SG steps in one compiled loop, or, for the
         ``num_warmup`` iterations after a warmup that ran inside :meth:`init`, the state as it is
-        (``idle_iterations``). Only the sampling phase is traced (:meth:`_warmup`)."""
+        (``idle_iterations``). Only the sampling phase is traced (``_warmup``)."""
         model_args, model_kwargs = self._static(model_args, {} if model_kwargs is None else model_kwargs)
         _warn_constant_data(type(self).__name__, model_args, model_kwargs)
         if self._plain_burn_in():
@@ -996,7 +984,7 @@ class SGKernel(MCMCKernel):
 
         NumPyro hands the bar a new text after every returned sample; reading the state forces a
         device sync, which would stall the dispatch of every sample. The text returned here is a
-        :class:`ProgressText` that reads the state when tqdm draws the bar (at most every 0.1 s,
+        ``ProgressText`` that reads the state when tqdm draws the bar (at most every 0.1 s,
         and once more when the bar closes), so the final line shows the final state.
         """
         if jnp.ndim(state.i) > 0:

@@ -216,15 +216,21 @@ class ConstantSGD(SGKernel):
     .. warning:: The diagonal variant at its optimal rate mixes very slowly when the posterior
        is strongly correlated (measured); prefer ``"full"`` there.
 
+    **Units of** ``step_size``. Mandt et al.'s ε, a learning rate on the average loss L = U/N: a step is θ ← θ
+    − ε B ∇L̂ = θ − (ε/N) B ∇Û_S (Eq. 15), so ε does not grow or shrink with N. Default: the KL-optimal ε* of
+    the warmup noise estimate.
+
     :param model: NumPyro model with a subsample plate.
     :param str preconditioner: ``"scalar"``, ``"diag"``, ``"full"``, ``"sqrt"`` or ``"auto"`` (default:
         ``"full"`` up to D = 1000, ``"diag"`` above; :data:`~numpyro_sgd.noise.AUTO_FULL_MAX_DIM`).
     :param float step_size: ε in Mandt's units overriding ε* (optional).
-    :param float momentum: μ ∈ (0, 1] of Eq. 27 (v ← (1 − μ) v − P ∇Û_S); 1 (default) is plain SGD.
+    :param float momentum: μ ∈ (0, 1] of Eq. 27 (v ← (1 − μ) v − P ∇Û_S): the velocity keeps 1 − μ of
+        itself per step, so 1 (default) is plain SGD and a smaller μ is more momentum (μ = 1 − β for
+        the heavy-ball β that optax calls ``momentum``); the paper's name is kept.
     :param bool discrete_time_correction: use c = 2/(f + S/N) instead of 2 (default True).
     :param bool prior_noise: inject gradient noise with the prior's curvature (see the note;
         default False; needs the KL-optimal rate, i.e. no ``step_size``).
-    :param kwargs: warmup options of :class:`~numpyro_sgd.warmup.NoiseAdaptingKernel`
+    :param kwargs: warmup options of :func:`~numpyro_sgd.warmup.noise_warmup`
         (``noise_estimator``, ``adam_fraction``, ``noise_window``, ``adam_lr``, ``warmup_max_step``,
         ``warmup_newton``)
         and of :class:`~numpyro_sgd.base.SGKernel` (``steps_per_sample``, ``subsample``,
@@ -247,7 +253,7 @@ class ConstantSGD(SGKernel):
         True
     """
 
-    def __init__(self, model, preconditioner="auto", *, step_size=None, momentum=1.0,
+    def __init__(self, model, *, preconditioner="auto", step_size=None, momentum=1.0,
                  discrete_time_correction=True, prior_noise=False, noise_estimator=None, adam_fraction=0.4,
                  noise_window=0.4, adam_lr=(0.1, 1e-3), warmup_max_step=1.0, warmup_newton=True, **kwargs):
         if preconditioner not in PRECONDITIONERS + ("auto",):

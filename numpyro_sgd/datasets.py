@@ -352,7 +352,7 @@ def load_covtype(data_dir=None, verify=False):
 
     Reads ``covtype/covtype.data.gz`` (the UCI file: 581,012 rows of 55 comma-separated integers,
     no header; 54 features then the class). The file is not shipped; put the official
-    ``covtype.data.gz`` (sha256 ``614360d0…15771``, see :data:`KNOWN_SHA256`) into
+    ``covtype.data.gz`` (sha256 ``614360d0…15771``, see ``KNOWN_SHA256``) into
     ``data_dir/covtype/``. Nothing is downloaded.
 
     :param data_dir: folder containing ``covtype/`` (default :func:`default_data_dir`).
@@ -421,7 +421,7 @@ def process_rows(num_rows, process_index=None, process_count=None):
     ``jax.devices()`` (one device per process, or the same number each).
 
     :param int num_rows: N, divisible by the process count.
-    :param process_index, process_count: default ``jax.process_index()`` and ``jax.process_count()``.
+    :param process_index: and ``process_count``: default ``jax.process_index()`` and ``jax.process_count()``.
     :return: ``slice(p·N/P, (p+1)·N/P)``.
     """
     import jax

@@ -268,13 +268,13 @@ def to_arviz(mcmc, *args, chunk_size=10_000, log_likelihood="auto", **kwargs):
     attributes ``num_divergences`` and ``data_passes`` of the final state.
 
     :param mcmc: a finished :class:`numpyro.infer.MCMC` run of a numpyro_sgd kernel.
-    :param args, kwargs: the model arguments (default: those of ``mcmc``'s own last ``run``, even
-        if its kernel object was used by another ``MCMC`` since). Their plate sizes must be those
-        of the run (:func:`run_model_args`; a ``ValueError`` otherwise).
+    :param args: the model arguments, with ``kwargs`` the keyword ones (default: those of
+        ``mcmc``'s own last ``run``, even if its kernel object was used by another ``MCMC`` since).
+        Their plate sizes must be those of the run (``run_model_args``; a ``ValueError`` otherwise).
     :param int chunk_size: data points per evaluation of the log-likelihood.
     :param log_likelihood: ``True``: add ``log_likelihood`` and ``observed_data``; ``False``: leave
         them out; ``"auto"`` (default): add them only if chains × draws × N × 4 bytes (summed over
-        the observed sites) is at most :data:`LOG_LIKELIHOOD_AUTO_MAX_BYTES` (512 MiB), else leave
+        the observed sites) is at most ``LOG_LIKELIHOOD_AUTO_MAX_BYTES`` (512 MiB), else leave
         them out with a ``UserWarning`` saying how large they would be. At large N use
         :func:`numpyro_sgd.loo_subsample`, whose memory does not grow with N.
     :return: ``arviz.InferenceData`` (ArviZ 0.23) or ``xarray.DataTree`` (ArviZ 1.x).
@@ -489,8 +489,8 @@ def compare(runs, reference, *, names=None, transforms=None, wall_times=None, da
     """One row per run: how far its draws are from ``reference``.
 
     Columns: ``kl_q_ref`` = KL(q ‖ ref) and ``kl_ref_q`` = KL(ref ‖ q) between Gaussians fitted on
-    the unconstrained scale; ``max_mean_err_sd`` = max_j |mean_j − ref_j| / ref_sd_j and
-    ``max_sd_rel_err`` = max_j |sd_j/ref_sd_j − 1| (constrained scale for draw references,
+    the unconstrained scale; ``max_mean_err_sd`` = ``max_j |mean_j − ref_j| / ref_sd_j`` and
+    ``max_sd_rel_err`` = ``max_j |sd_j/ref_sd_j − 1|`` (constrained scale for draw references,
     unconstrained for a Gaussian reference); ``min_ess_bulk``, ``min_ess_tail`` (ArviZ);
     ``ess_per_s``, ``ess_per_pass`` (min bulk ESS per wall second / per data pass);
     ``wall_s``; ``data_passes`` (per-datum gradients / N summed over chains; NUTS: leapfrog
@@ -500,7 +500,7 @@ def compare(runs, reference, *, names=None, transforms=None, wall_times=None, da
     :param reference: an MCMC run (e.g. long NUTS), ArviZ data, a dict / ``np.load`` of reference
         draws (chains, draws, ...), an exact Gaussian ``(mean, cov)`` on the unconstrained scale,
         or ``"nuts"``: a full-data NUTS run of the first numpyro_sgd run's own model
-        (:func:`nuts_reference`, 1,000 warmup + 1,000 draws per chain).
+        (``nuts_reference``, 1,000 warmup + 1,000 draws per chain).
     :param names: sites to compare (default: the reference's sites, or the first run's).
     :param transforms: site -> transform to the support (default: from the first numpyro_sgd run).
     :param dict wall_times: name -> seconds. :param dict data_passes: name -> passes (overrides).

@@ -200,7 +200,7 @@ class _IndexChainKernel(SGKernel):
 
     supports_mesh = False
 
-    def __init__(self, model, step_size, num_index_steps, *, underdamped, friction=None, x_estimate="zero",
+    def __init__(self, model, *, step_size, num_index_steps, underdamped, friction=None, x_estimate="zero",
                  default_steps=False, target_inflation=TARGET_INFLATION, **kwargs):
         name = type(self).__name__
         estimated = default_steps and (step_size is None or (underdamped and friction is None))
@@ -324,7 +324,7 @@ class EWSG(_IndexChainKernel):
     ``kernel_state.num_index_accepted`` / ``kernel_state.num_index_proposed`` (running totals,
     warmup included). They can be recorded per draw with
     ``mcmc.run(..., extra_fields=("kernel_state.num_index_accepted", "kernel_state.num_index_proposed"))``,
-    :func:`index_acceptance_rate` turns ``mcmc.last_state`` into the rate, and the progress bar
+    :func:`~numpyro_sgd.index_chain.index_acceptance_rate` turns ``mcmc.last_state`` into the rate, and the progress bar
     shows it. Warmup is burn-in with the same dynamics.
 
     .. note:: The extracted paper text is garbled around Eq. 4; re-derived from Eq. 3: with
@@ -348,6 +348,9 @@ class EWSG(_IndexChainKernel):
     gradients, not (M + 1) S). The rule bounds the variance inflation of *uniform* minibatches;
     the index chain (M ≥ 1) lowers the minibatch noise, so for EWSG it is conservative. Either
     may be given alone; the other is then estimated (given both: no noise warmup).
+
+    **Units of** ``step_size``. h, the underdamped Langevin time step of :class:`SGHMC` (unit mass, summed
+    potential U); ``friction`` γ per unit time. Default: SGHMC's rule.
 
     :param model: NumPyro model with a subsample plate.
     :param float step_size: h > 0, or None (default: see above).
@@ -379,9 +382,10 @@ class EWSG(_IndexChainKernel):
         True
     """
 
-    def __init__(self, model, step_size=None, friction=None, num_index_steps=1, *, x_estimate="momentum",
+    def __init__(self, model, *, step_size=None, friction=None, num_index_steps=1, x_estimate="momentum",
                  target_inflation=TARGET_INFLATION, **kwargs):
-        super().__init__(model, step_size, num_index_steps, underdamped=True, friction=friction, x_estimate=x_estimate,
+        super().__init__(model, step_size=step_size, num_index_steps=num_index_steps, underdamped=True,
+                         friction=friction, x_estimate=x_estimate,
                          default_steps=True, target_inflation=target_inflation, **kwargs)
 
     #: the algorithm builder, called with the validated options
@@ -454,6 +458,8 @@ class OverdampedEWSG(_IndexChainKernel):
     ε = 4τ / λ_max(Q + (1 + τ) A), from the noise warmup of :class:`~numpyro_sgd.ConstantSGD`;
     conservative for M ≥ 1 (the index chain lowers the minibatch noise).
 
+    **Units of** ``step_size``. SGLD's ε (summed potential U, Langevin time step ε/2). Default: SGLD's rule.
+
     :param model: NumPyro model with a subsample plate.
     :param float step_size: ε > 0, or None (default: see above).
     :param int num_index_steps: M ≥ 0 (default 1).
@@ -462,8 +468,9 @@ class OverdampedEWSG(_IndexChainKernel):
         warmup options of :class:`~numpyro_sgd.ConstantSGD`.
     """
 
-    def __init__(self, model, step_size=None, num_index_steps=1, *, target_inflation=TARGET_INFLATION, **kwargs):
-        super().__init__(model, step_size, num_index_steps, underdamped=False, default_steps=True,
+    def __init__(self, model, *, step_size=None, num_index_steps=1, target_inflation=TARGET_INFLATION, **kwargs):
+        super().__init__(model, step_size=step_size, num_index_steps=num_index_steps, underdamped=False,
+                         default_steps=True,
                          target_inflation=target_inflation, **kwargs)
 
     #: the algorithm builder, called with the validated options
@@ -630,6 +637,9 @@ class EWSGVR(_IndexChainKernel):
        lowers the noise: measured at h = 2e-2 on that example, EWSG-VR with M = 1 over-corrects
        (variance 0.70× the target's), with M = 0 it is within a few % of it.
 
+    **Units of** ``step_size``. h, the underdamped Langevin time step of :class:`SGHMC` (unit mass, summed
+    potential U); required, as is ``friction`` γ.
+
     :param model: NumPyro model with exactly one subsample plate.
     :param float step_size: h > 0.
     :param float friction: γ > 0.
@@ -640,9 +650,10 @@ class EWSGVR(_IndexChainKernel):
     :param kwargs: see :class:`~numpyro_sgd.base.SGKernel`.
     """
 
-    def __init__(self, model, step_size, friction, num_index_steps=1, *, calibration_period=1,
+    def __init__(self, model, *, step_size, friction, num_index_steps=1, calibration_period=1,
                  x_estimate="momentum", chunk_size=4096, **kwargs):
-        super().__init__(model, step_size, num_index_steps, underdamped=True, friction=friction, x_estimate=x_estimate,
+        super().__init__(model, step_size=step_size, num_index_steps=num_index_steps, underdamped=True,
+                         friction=friction, x_estimate=x_estimate,
                          **kwargs)
         calibration_period = check_int(type(self).__name__, "calibration_period", calibration_period)
         chunk_size = check_int(type(self).__name__, "chunk_size", chunk_size)

@@ -489,7 +489,7 @@ class SGWithinGibbs(SGKernel):
        Sköld 2007). A model non-centred by hand (``α = μ + σ α_raw`` inside the likelihood) has no
        hyper site and is refused: write it centred or with ``LocScaleReparam``.
 
-    .. warning:: Each group needs about :data:`MIN_ROWS_PER_GROUP` = 10 rows in a minibatch (S ≥ 10 ×
+    .. warning:: Each group needs about ``MIN_ROWS_PER_GROUP`` = 10 rows in a minibatch (S ≥ 10 ×
        the number of groups): with fewer, its gradient noise is far from Gaussian and the group sds
        come out inflated; the kernel warns at init. Put the outcome on unit scale: latents that
        start far from the data pin the hyperparameters (``check_run`` reports it). Kernels whose
@@ -522,7 +522,7 @@ class SGWithinGibbs(SGKernel):
         True
     """
 
-    def __init__(self, kernel, hyper_sites=None, *, target_accept_prob=0.8, max_tree_depth=8, **kwargs):
+    def __init__(self, kernel, *, hyper_sites=None, target_accept_prob=0.8, max_tree_depth=8, **kwargs):
         if not isinstance(kernel, SGKernel) or isinstance(kernel, SGWithinGibbs) or hasattr(kernel, "hyperparameters"):
             raise TypeError(
                 "SGWithinGibbs: `kernel` must be a numpyro_sgd sampling kernel built on the model, e.g. "
@@ -558,7 +558,7 @@ class SGWithinGibbs(SGKernel):
 
     @property
     def hyper_sites(self):
-        """The hyper sites in use (known after :meth:`init`)."""
+        """The hyper sites in use (known after ``init``)."""
         return self._traced(self._hyper_names)
 
     @property

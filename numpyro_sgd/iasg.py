@@ -136,7 +136,7 @@ def _resolve_window(potential, window, window_error, step_size, name):
             "far outside the small-step regime (A1–A4) the averaging theory assumes; on non-Gaussian "
             "posteriors expect biased means and sds (the iterates spread over T × the posterior). "
             "IASG needs N/S ≫ 20 × the condition number (Eq. 47): use a smaller subsample_size, "
-            "or ConstantSGD(model, 'full') for small data sets.",
+            "or ConstantSGD(model, preconditioner='full') for small data sets.",
             stacklevel=find_stack_level(),
         )
     if window is not None and window != one_pass:
@@ -165,7 +165,7 @@ def iasg(potential, step_size=None, window=None, preconditioner="auto", *, windo
         Alg. 1's, for H = I: ``"scalar"``; otherwise :func:`~numpyro_sgd.noise.resolve_preconditioner`).
     :param float window_error: target variance shortfall along λ_min for the default ε.
     :param bool check_validity: warn (host callback) at the end of warmup outside Eq. 46–47.
-    :param validity_warning: the :class:`ValidityWarning` to call (re-armed here); default a new one.
+    :param validity_warning: the ``ValidityWarning`` to call (re-armed here); default a new one.
     :param kwargs: the warmup options of :func:`~numpyro_sgd.warmup.noise_warmup`.
     :return: :class:`~numpyro_sgd.base.SGAlgorithm`.
     """
@@ -297,7 +297,7 @@ class IASG(SGKernel):
        default, and κ = λ_max/λ_min times more along λ_max without a preconditioner. Their
        stationary mean solves E[∇U(θ)] = 0 over that wider law, so the skewness that separates
        the posterior mean from the mode is amplified by the spread. Measured on the quickstart
-       logistic regression (N = 10⁵, D = 9, κ ≈ 11): max |mean error| 0.7–0.8 posterior sd
+       logistic regression (N = 10⁵, D = 9, κ ≈ 11): largest absolute mean error 0.7–0.8 posterior sd
        without a preconditioner, 0.15–0.2 sd with ``preconditioner="full"`` (spread 10× in
        every direction) or with ``window_error=0.2`` (smaller ε, 20 % narrower samples).
        ``validity()["stiff_spread"]`` reports ε T λ_max / 2.
@@ -309,13 +309,17 @@ class IASG(SGKernel):
        along the affected directions (no SG tuning can change this: Polyak–Juditsky).
        :meth:`predicted_covariance` computes the exact prediction from the full-data Hessian.
 
+    **Units of** ``step_size``. Mandt et al.'s ε of Alg. 1, a learning rate on the average loss L = U/N: θ ← θ
+    − ε H ∇L̂ = θ − (ε/N) H ∇Û_S, H = I with ``preconditioner="scalar"``. Default: the window-error rule
+    below.
+
     :param model: NumPyro model with a subsample plate.
     :param float step_size: ε in Mandt's units (optional; default above).
     :param int window: T, SG steps averaged per sample (default ⌈N/S⌉: one data pass). Another
         window scales the samples' covariance by N/(T S) (Eq. 44); a warning says so.
     :param str preconditioner: ``"auto"`` (default: ``"scalar"`` when ``step_size`` is given, the ε of
         Alg. 1; else ``"full"`` up to D = 1000 and ``"diag"`` above), ``"scalar"`` (H = I: the paper's
-        Alg. 1; ``None`` is its old name), ``"diag"`` (H = diag(A)⁻¹ from the
+        Alg. 1), ``"diag"`` (H = diag(A)⁻¹ from the
         diagonal noise estimate, O(S·D) warmup) or ``"full"`` (H = A⁻¹, Cholesky; D × D noise
         estimate in warmup). Without a preconditioner the full noise is estimated too (for λ_min
         and λ_max); with ``"diag"`` only the diagonal is, so the validity check sees scales
@@ -347,16 +351,11 @@ class IASG(SGKernel):
         (True, 1010.0)
     """
 
-    def __init__(self, model, step_size=None, window=None, preconditioner="auto", *, window_error=0.05,
+    def __init__(self, model, *, step_size=None, window=None, preconditioner="auto", window_error=0.05,
                  check_validity=True, noise_estimator=None, adam_fraction=0.4, noise_window=0.4, adam_lr=(0.1, 1e-3),
                  warmup_max_step=1.0, warmup_newton=True, **kwargs):
         if "steps_per_sample" in kwargs:
             raise TypeError("IASG: steps_per_sample is the averaging window; pass window=T instead.")
-        if preconditioner is None:  # the old name of H = I
-            warnings.warn("IASG: preconditioner=None is renamed preconditioner='scalar' (H = I, one meaning of "
-                          "each preconditioner name across the kernels); None stops working in the next release.",
-                          FutureWarning, stacklevel=find_stack_level())
-            preconditioner = "scalar"
         if preconditioner not in IASG_PRECONDITIONERS:
             raise ValueError(f"IASG: unknown preconditioner {preconditioner!r}; choose one of {IASG_PRECONDITIONERS}.")
         step_size = check_positive("IASG", "step_size", step_size, "a positive float or None (default rule)",

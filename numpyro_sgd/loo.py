@@ -62,7 +62,7 @@ class LooSubsample:
     order of ``observations`` (sorted).
     """
 
-    #: estimate of elpd_loo = Σ_i log p(y_i | y_-i) (ref [2], Eq. 7)
+    #: estimate of elpd_loo = Σ_i ``log p(y_i | y_-i)`` (ref [2], Eq. 7)
     elpd_loo: float
     #: total SE, sqrt(se_loo² + subsampling_se²)
     se: float
@@ -90,7 +90,7 @@ class LooSubsample:
     num_data: int
     #: number of posterior draws S
     num_draws: int
-    #: the approximation used (see :data:`APPROXIMATIONS`)
+    #: the approximation used (see ``APPROXIMATIONS``)
     approximation: str
     #: whether the importance ratios were corrected for an approximate posterior
     posterior_correction: bool
@@ -302,11 +302,11 @@ def loo_subsample(run, samples=None, *, num_observations=400, observations=None,
                   var_name=None, batch_ndims=2, reff=None):
     r"""PSIS-LOO of a large-N model from m subsampled observations (refs [1], [2]).
 
-    For every observation i a cheap approximation π̃_i of elpd_loo,i = log p(y_i | y_-i) is
+    For every observation i a cheap approximation π̃_i of elpd_loo,i = ``log p(y_i | y_-i)`` is
     computed in one streamed pass over the data (``approximation``); only Σ π̃_i and Σ π̃_i² are
     kept. For an SRS-WOR subsample of m observations, elpd_loo,j is computed exactly by PSIS
     (ref [3], Eq. 10; ref [4]); the difference estimator (ref [2], Eq. 7–9; see
-    :func:`srs_difference_estimate`) combines the two. Memory is O(S × (m + chunk_size)) for S
+    ``srs_difference_estimate``) combines the two. Memory is O(S × (m + chunk_size)) for S
     draws, independent of N; time is O(N) model evaluations for ``"plpd"`` and O(S N) for
     ``"lpd"`` or with ``posterior_correction``.
 
@@ -337,14 +337,15 @@ def loo_subsample(run, samples=None, *, num_observations=400, observations=None,
     :param int num_observations: m, the subsample size, 2 <= m <= N (default 400).
     :param observations: explicit data indices of the subsample (or a :class:`LooSubsample` whose
         subsample to reuse); overrides ``num_observations`` and ``rng_key``.
-    :param str approximation: π̃_i, ``"plpd"`` (default) or ``"lpd"`` (see :data:`APPROXIMATIONS`).
+    :param str approximation: π̃_i, ``"plpd"`` (default) or ``"lpd"`` (see ``APPROXIMATIONS``).
         θ̄ for ``"plpd"`` is the mean of the draws on the unconstrained scale, mapped to the support.
     :param bool posterior_correction: correct for an approximate posterior (see the note; default
         False).
     :param rng_key: JAX key for the subsample (default ``jax.random.key(0)``): the same key, m and N
         give the same subsample, which :func:`compare_loo` needs.
     :param int chunk_size: data points per streamed evaluation (memory O(S × chunk_size)).
-    :param model_args, model_kwargs: model arguments (default: those of the last ``mcmc.run``).
+    :param model_args: model arguments, with ``model_kwargs`` the keyword ones (default: those of
+        the last ``mcmc.run``).
     :param str var_name: the observed site to leave out (needed if there are several).
     :param int batch_ndims: leading (chain, draw) dimensions of ``samples``: 2 or 1.
     :param float reff: relative efficiency for PSIS (default: as ``arviz.loo``, mean ESS / S;
@@ -464,7 +465,7 @@ def compare_loo(results):
 
     For the best model A and each other model B, the pointwise differences d_j = elpd_A,j −
     elpd_B,j on the common subsample, with the approximations d̃_i = π̃_A,i − π̃_B,i, go through the
-    difference estimator (ref [2], Eq. 7–9, :func:`srs_difference_estimate`; R's
+    difference estimator (ref [2], Eq. 7–9, ``srs_difference_estimate``; R's
     ``loo_compare`` for subsampled objects): Σ d̃_i comes from the two streamed sums, Σ d̃_i² would
     need the cross term Σ π̃_A,i π̃_B,i over all N, which is not kept (memory independent of N),
     so the population part of the SE uses the unbiased SRS estimate N mean_j d_j² instead. The

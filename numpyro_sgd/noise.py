@@ -6,7 +6,7 @@ subsample plate with N data and minibatch S, the minibatch gradient ∇Û_S has 
     Q = N² C / S,        C = Cov_n[∇ℓ_n(θ)]  (Mandt et al. Eq. 3–5, per-datum loss ℓ_n),
 
 and with several plates Q = Σ_p Q_p, Q_p = Cov_n[∇Û_{p,[n]}] / S_p (the per-example gradients
-of :meth:`SubsampledPotential.per_example_grads`). An update θ ← θ − P ∇Û_S is Mandt's
+of :meth:`~numpyro_sgd.SubsampledPotential.per_example_grads`). An update θ ← θ − P ∇Û_S is Mandt's
 θ ← θ − H ĝ_S with H = N P.
 
 Estimators (``init, update, final``), all averaged over a window with κ_t = 1/t (Eq. 25's
@@ -62,6 +62,7 @@ __all__ = [
     "MAX_PASSES_PER_SAMPLE",
 ]
 
+#: the gradient-noise estimators ``noise_estimator`` accepts (see :func:`noise_estimator`)
 NOISE_ESTIMATORS = ("minibatch", "eq25", "pooled")
 PRECONDITIONERS = ("scalar", "diag", "full", "sqrt")
 #: ``preconditioner="auto"`` (the default of ConstantSGD, SGFS and IASG) is ``"full"`` up to this
@@ -103,7 +104,7 @@ def _outer(a, b, full):
 def noise_estimator(method, subsample_sizes, dim, full=False):
     """Build an estimator of the per-plate gradient noise Q_p (see the module docstring).
 
-    :param str method: one of :data:`NOISE_ESTIMATORS`.
+    :param str method: one of :data:`~numpyro_sgd.noise.NOISE_ESTIMATORS`.
     :param tuple subsample_sizes: S_p for every subsample plate.
     :param int dim: D.
     :param bool full: keep the full D × D matrix (else the diagonal only).

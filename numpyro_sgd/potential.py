@@ -97,7 +97,7 @@ def uniform_indices(rng_key, size, n, stream=0):
 
 
 def _hashed_indices(rng_key, size, n, stream):
-    """:func:`uniform_indices` as uint32, without the last remainder."""
+    """:func:`~numpyro_sgd.potential.uniform_indices` as uint32, without the last remainder."""
     words = random.key_data(rng_key).reshape(-1).astype(jnp.uint32)
     k0 = words[0] + jnp.uint32(stream) * jnp.uint32(0x3C6EF372)  # stream·φ² (mod 2³²)
     k1 = words[-1]
@@ -264,7 +264,7 @@ class SubsampledPotential:
 
     :param model: the NumPyro model.
     :param tuple plates: :class:`PlateInfo` of every subsample plate.
-    :param _FlatView view: the layout of the flat unconstrained vector θ.
+    :param view: (``_FlatView``) the layout of the flat unconstrained vector θ.
     :param dict param_values: values of ``numpyro.param`` sites (held fixed, as NUTS does).
     :param dict observed: plate name -> names of observed sites inside it.
     :param tuple plate_deterministic: deterministic sites inside a subsample plate (they depend
@@ -469,7 +469,7 @@ class SubsampledPotential:
     def draw_indices(self, rng_key, method="with_replacement", step=None, shuffle_key=None):
         """Minibatch indices ``{plate: int32[S]}`` in O(S) per plate.
 
-        ``"with_replacement"`` draws S i.i.d. uniform indices (:func:`uniform_indices`).
+        ``"with_replacement"`` draws S i.i.d. uniform indices (:func:`~numpyro_sgd.potential.uniform_indices`).
         ``"without_replacement"`` draws S i.i.d. indices and redraws the duplicates until
         there are none (expected S²/(2N) redraws); the law of the set is invariant under
         permutations of the data, so it is the uniform law over S-subsets.
@@ -508,7 +508,7 @@ class SubsampledPotential:
     def potential(self, theta, indices, model_args=(), model_kwargs=None, params=None):
         """Û at flat θ with the plates substituted by ``indices`` (NumPyro's N/len(idx) scale).
 
-        The model is traced once per shape of the arguments (:meth:`_traced_once`)."""
+        The model is traced once per shape of the arguments (``_traced_once``)."""
         model_args, model_kwargs = as_jax_args((model_args, {} if model_kwargs is None else model_kwargs))
         return self._traced_once("potential", self._potential, theta, indices, model_args, model_kwargs, params)
 
@@ -843,7 +843,7 @@ class MinibatchOracle:
 
     def per_example_grads(self, theta, indices):
         """Û_S, ∇Û_S and, per plate, the S × D single-example gradients
-        (:meth:`SubsampledPotential.per_example_grads`)."""
+        (:meth:`~numpyro_sgd.SubsampledPotential.per_example_grads`)."""
         return self.potential.per_example_grads(theta, indices, self.model_args, self.model_kwargs, self.params)
 
     def prior_hessian(self, theta, diagonal=False):

@@ -26,7 +26,7 @@ import optax
 from jax import random
 from jax.flatten_util import ravel_pytree
 
-from .base import SGAlgorithm, SGKernel, StepInfo, is_positive_scalar, renamed_keyword
+from .base import SGAlgorithm, SGKernel, StepInfo, is_positive_scalar
 from .noise import TARGET_INFLATION, check_target_inflation, santa_step_size
 from .schedules import polynomial_annealing
 from .validation import check_int, check_number, check_positive
@@ -74,7 +74,7 @@ class SantaState(NamedTuple):
 
 def santa_init(rng_key, theta, learning_rate, thermostat_init=None):
     """u₀ ∝ N(0, I), α₀ = √η C, v₀ = 0 (Alg. 3); ``thermostat_init=None``: C = g₁. The scale of
-    u₀ and C = g₁ are set at the first step (see :func:`santa_step`)."""
+    u₀ and C = g₁ are set at the first step (see ``santa_step``)."""
     root = jnp.sqrt(jnp.asarray(learning_rate, theta.dtype))
     c = jnp.nan if thermostat_init is None else thermostat_init
     return SantaState(
@@ -132,7 +132,7 @@ def santa_step(rng_key, grad, state, learning_rate, beta, explore, *, decay=0.99
 
 
 def santa(learning_rate, *, num_data=1.0, decay=0.999, damping=1e-8, anneal=True, schedule=None, burnin=None,
-          scheme="euler", thermostat_init=None, seed=0, sigma=None):
+          scheme="euler", thermostat_init=None, seed=0):
     """Santa as an optax ``GradientTransformation`` (for MAP estimation / warm starts).
 
     ``update(grads, state, params=None)`` returns Δθ to *add* (``optax.apply_updates``); the
@@ -148,7 +148,6 @@ def santa(learning_rate, *, num_data=1.0, decay=0.999, damping=1e-8, anneal=True
     """
     if not is_positive_scalar(learning_rate):
         raise ValueError(f"santa: learning_rate (η) must be a positive float, got {learning_rate!r}.")
-    decay = renamed_keyword("santa", "decay", decay, 0.999, "sigma", sigma)
     _check_hyper("santa", decay, damping, scheme)
     schedule = polynomial_annealing(0.5) if schedule is None else schedule
     if anneal:
@@ -207,7 +206,7 @@ def santa_algorithm(potential, step_size=None, anneal=False, *, schedule=None, b
     * ``k_idx, k_noise = split(rng_key)``; f̃_t = ∇Û_S(θ_{t−1}) on the minibatch of ``k_idx``;
     * β_t = 1 (``anneal=False``) or ``schedule(t)``; exploration while ``not anneal`` or
       t ≤ ``burnin``, refinement after (Alg. 3);
-    * :func:`santa_step` on the average loss L = U/N at inverse temperature N β_t
+    * ``santa_step`` on the average loss L = U/N at inverse temperature N β_t
       (exp(−Nβ L) = exp(−β U), per-datum units) with the noise key ``k_noise``.
 
     :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential` (plates, N, S, D).
@@ -284,7 +283,7 @@ class Santa(SGKernel):
     paper                   here
     ======================  =====================================================================
     η                       ``step_size`` (η = h², per-datum units, see below)
-    σ, λ                    ``decay`` (RMSprop decay σ, default 0.999; ``sigma`` before 0.2), ``damping`` (λ, 1e-8)
+    σ, λ                    ``decay`` (RMSprop decay σ, default 0.999), ``damping`` (λ, 1e-8)
     β_t                     1 (``anneal=False``) or ``schedule(t)`` (default t^0.5, ``anneal=True``)
     burnin                  ``burnin`` SG steps of exploration (default: all warmup steps), then
                             refinement (``anneal=True`` only)
@@ -302,7 +301,7 @@ class Santa(SGKernel):
     balances the injected noise (fluctuation–dissipation), so the thermostat starts at its
     equilibrium (capped at α₀ ≤ 1: a coordinate whose first gradient vanishes has g₁ ≈ 1/√λ and
     α₀ > 2 made the Euler update diverge on MNIST's always-blank pixels); v₁ = (f̃₁/N)² and
-    g₀ = g₁ (see :func:`santa_step`).
+    g₀ = g₁ (see ``santa_step``).
 
     **Default step size** (``step_size=None``, β = 1 only). Warmup (``num_warmup ×
     steps_per_sample`` SG steps) is the noise warmup of :class:`~numpyro_sgd.ConstantSGD`
@@ -336,6 +335,10 @@ class Santa(SGKernel):
     during the first ``burnin`` SG steps, then refines without noise: the returned samples of
     the sampling phase converge to a mode (MAP); use the last sample.
 
+    **Units of** ``step_size``. η = h², a per-datum learning rate like Adam's: the update acts on the average
+    loss L = U/N at inverse temperature Nβ, so η does not need rescaling with N (see below). Default (β = 1
+    only): set at the end of the noise warmup by the ``target_inflation`` rule.
+
     :param model: NumPyro model with a subsample plate.
     :param float step_size: η > 0 (per-datum units), or None (default; β = 1 only, see above).
     :param bool anneal: see above (default False: a sampler); True needs a ``step_size``.
@@ -347,8 +350,8 @@ class Santa(SGKernel):
         warmup options of :class:`~numpyro_sgd.ConstantSGD`.
     """
 
-    def __init__(self, model, step_size=None, anneal=False, *, schedule=None, burnin=None, decay=0.999, damping=1e-8,
-                 scheme="euler", thermostat_init=None, target_inflation=TARGET_INFLATION, sigma=None, **kwargs):
+    def __init__(self, model, *, step_size=None, anneal=False, schedule=None, burnin=None, decay=0.999, damping=1e-8,
+                 scheme="euler", thermostat_init=None, target_inflation=TARGET_INFLATION, **kwargs):
         warmup_options = pop_warmup_options("Santa", kwargs, step_size is None)
         super().__init__(model, **kwargs)
         if step_size is None and anneal:
@@ -358,7 +361,7 @@ class Santa(SGKernel):
             )
         step_size = check_positive("Santa", "step_size", step_size, "a positive float (η) or None (set in warmup)",
                                    allow_none=True)
-        decay = check_number("Santa", "decay", renamed_keyword("Santa", "decay", decay, 0.999, "sigma", sigma))
+        decay = check_number("Santa", "decay", decay)
         damping = check_number("Santa", "damping", damping)
         _check_hyper("Santa", decay, damping, scheme)
         if schedule is not None:

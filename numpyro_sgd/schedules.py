@@ -96,7 +96,7 @@ def check_schedule(name, argument, schedule, steps=CHECK_STEPS):
     :param str name: the kernel, for the message. :param str argument: the argument's name.
     :param schedule: a callable ``count -> value``; a float or None is not a schedule and passes
         (the kernels check those themselves).
-    :param steps: the SG steps to evaluate it at (default :data:`CHECK_STEPS`, 0 … 10⁶).
+    :param steps: the SG steps to evaluate it at (default :data:`~numpyro_sgd.schedules.CHECK_STEPS`, 0 … 10⁶).
     :raises ValueError: naming the first step whose value is not finite and > 0.
     """
     if not callable(schedule):

@@ -189,6 +189,10 @@ class SGFS(SGKernel):
        semi-definite part Λ⁺, so M = a Q + Λ⁺ is PSD (an indefinite Λ used to be shifted by
        δ = −λ_min(a Q + Λ) instead; equal where Λ is PSD, as for every model of the tests).
 
+    **Units of** ``step_size``. Mandt et al.'s ε (per-datum, as for :class:`ConstantSGD`); with the KL-optimal
+    preconditioner the step ε H* does not depend on ε (Eq. 36), so ε only scales the step cap ε·h_max and is
+    accepted only with ``max_step``.
+
     :param model: NumPyro model with a subsample plate.
     :param str preconditioner: ``"full"``, ``"diag"`` or ``"auto"`` (default: ``"full"`` up to D = 1000,
         ``"diag"`` above; :data:`~numpyro_sgd.noise.AUTO_FULL_MAX_DIM`).
@@ -220,7 +224,7 @@ class SGFS(SGKernel):
         True
     """
 
-    def __init__(self, model, preconditioner="auto", *, step_size=None, max_step=None, refresh_every=None,
+    def __init__(self, model, *, preconditioner="auto", step_size=None, max_step=None, refresh_every=None,
                  online=True, noise_estimator=None, adam_fraction=0.4, noise_window=0.4, adam_lr=(0.1, 1e-3),
                  warmup_max_step=1.0, warmup_newton=True, **kwargs):
         if preconditioner not in ("auto", "full", "diag"):

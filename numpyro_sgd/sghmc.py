@@ -105,6 +105,10 @@ class SGHMC(SGKernel):
        γ = 2 √((S/N) λ_max(Q)), omits the discretisation term (inflation 0.106 instead of 0.1
        at S/N = 0.025) and the prior's curvature.
 
+    **Units of** ``step_size``. h, the time step of underdamped Langevin dynamics with unit mass on the summed
+    potential U (θ' = θ + h r, r' = r − h (∇Û_S + γ r) + √(2γh) ξ); ``friction`` γ is a rate per unit of that
+    time. Default: h and γ from the ``target_inflation`` rule.
+
     :param model: NumPyro model with a subsample plate.
     :param float step_size: h > 0, or None (default: see above).
     :param float friction: γ > 0, or None (default: see above).
@@ -113,7 +117,7 @@ class SGHMC(SGKernel):
         the warmup options of :class:`~numpyro_sgd.ConstantSGD`.
     """
 
-    def __init__(self, model, step_size=None, friction=None, *, target_inflation=TARGET_INFLATION, **kwargs):
+    def __init__(self, model, *, step_size=None, friction=None, target_inflation=TARGET_INFLATION, **kwargs):
         name = type(self).__name__
         warmup_options = pop_warmup_options(name, kwargs, step_size is None or friction is None)
         super().__init__(model, **kwargs)

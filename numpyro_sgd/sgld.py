@@ -13,7 +13,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 from jax import random
 
-from .base import SGAlgorithm, SGKernel, StepInfo, renamed_keyword
+from .base import SGAlgorithm, SGKernel, StepInfo
 from .diffusions import overdamped_langevin
 from .ewsg import check_step_size, overdamped_ewsg_update, with_default_overdamped_step
 from .noise import TARGET_INFLATION, check_target_inflation, sgld_step_size
@@ -114,6 +114,10 @@ class SGLD(SGKernel):
        omits the Euler term: its inflation is τ(1 + S/N) + O(τ²), and it has no bound where Q
        vanishes (S = N, prior-dominated directions), where ε a ≥ 4 diverges.
 
+    **Units of** ``step_size``. Welling & Teh's ε on the summed potential U: θ ← θ − (ε/2) ∇Û_S + √ε ξ, i.e.
+    ε/2 is the time step of the Langevin diffusion dθ = −∇U dt + √2 dW. It shrinks like 1/N for a fixed
+    posterior shape. A float or a schedule ``count -> ε_t``. Default: the ``target_inflation`` rule.
+
     :param model: NumPyro model with a subsample plate.
     :param step_size: float > 0, a schedule, or None (default: from the noise warmup, see above).
     :param float temperature: T > 0 (default 1, the posterior).
@@ -143,7 +147,7 @@ class SGLD(SGKernel):
         True
     """
 
-    def __init__(self, model, step_size=None, *, temperature=1.0, target_inflation=TARGET_INFLATION, **kwargs):
+    def __init__(self, model, *, step_size=None, temperature=1.0, target_inflation=TARGET_INFLATION, **kwargs):
         name = type(self).__name__
         warmup_options = pop_warmup_options(name, kwargs, step_size is None)
         super().__init__(model, **kwargs)
@@ -244,7 +248,7 @@ class PSGLD(SGKernel):
     paper     argument
     ========  ====================
     ε_t       ``step_size`` (U units)
-    α         ``decay`` (RMSprop decay; ``alpha`` before 0.2)
+    α         ``decay`` (RMSprop decay)
     λ         ``damping``
     ========  ====================
 
@@ -265,6 +269,10 @@ class PSGLD(SGKernel):
        eigenvalue is larger when the gradient noise is correlated (up to D×), so that rule can
        overshoot τ on correlated posteriors.
 
+    **Units of** ``step_size``. SGLD's ε (summed potential U, Langevin time step ε/2) in the coordinates of
+    the RMSprop preconditioner G: θ ← θ − (ε/2) G ∇Û_S + √(ε G) ξ. Default: SGLD's rule in the preconditioned
+    coordinates.
+
     :param model: NumPyro model with a subsample plate.
     :param float step_size: ε > 0, or None (default: from the noise warmup, see above).
     :param float decay: α ∈ (0, 1), the RMSprop decay of V (default 0.99).
@@ -274,13 +282,13 @@ class PSGLD(SGKernel):
         warmup options of :class:`~numpyro_sgd.ConstantSGD`.
     """
 
-    def __init__(self, model, step_size=None, *, decay=0.99, damping=1e-5, target_inflation=TARGET_INFLATION,
-                 alpha=None, **kwargs):
+    def __init__(self, model, *, step_size=None, decay=0.99, damping=1e-5, target_inflation=TARGET_INFLATION,
+                 **kwargs):
         warmup_options = pop_warmup_options("PSGLD", kwargs, step_size is None)
         super().__init__(model, **kwargs)
         if step_size is not None:
             check_step_size("PSGLD", step_size)
-        decay = check_number("PSGLD", "decay", renamed_keyword("PSGLD", "decay", decay, 0.99, "alpha", alpha))
+        decay = check_number("PSGLD", "decay", decay)
         if not 0 < decay < 1:
             raise ValueError(f"PSGLD: decay (the RMSprop decay α) must lie in (0, 1), got {decay}.")
         damping = check_positive("PSGLD", "damping", damping, "> 0 (λ)")

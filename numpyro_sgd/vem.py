@@ -33,10 +33,10 @@ from .validation import check_number, check_positive
 __all__ = ["VariationalEM", "VariationalEMState", "variational_em", "robbins_monro_rate"]
 
 
-def robbins_monro_rate(step_size, offset=100.0, decay=0.6):
+def robbins_monro_rate(step_size, offset=100.0, power=0.6):
     """ρ_t = ρ₀ (1 + t/t₀)^(−κ) = ρ₀ t₀^κ (t₀ + t)^(−κ): :func:`~numpyro_sgd.schedules.robbins_monro`
     with Σρ_t = ∞ and Σρ_t² < ∞ for κ ∈ (0.5, 1]."""
-    return robbins_monro(step_size * offset**decay, offset, decay)
+    return robbins_monro(step_size * offset**power, offset, power)
 
 
 class VariationalEMState(NamedTuple):
@@ -174,8 +174,8 @@ class VariationalEM(SGKernel):
     ==========================  ===============================================================
     λ                           every ``numpyro.param`` site, updated on its unconstrained scale
                                 (``biject_to(constraint)``), so constraints always hold
-    ρ_t (decreasing)            ``hyper_step_size`` ρ₀, ``hyper_offset`` t₀, ``hyper_decay`` κ:
-                                ρ_t = ρ₀ (1 + t/t₀)^(−κ) (:func:`robbins_monro_rate`)
+    ρ_t (decreasing)            ``hyper_step_size`` ρ₀, ``hyper_offset`` t₀, ``hyper_power`` κ:
+                                ρ_t = ρ₀ (1 + t/t₀)^(−κ) (:func:`~numpyro_sgd.vem.robbins_monro_rate`)
     θ-step at ε*                the wrapped ``kernel`` (ConstantSGD, SGFS, IASG, SGLD, SGHMC, ...)
     ==========================  ===============================================================
 
@@ -217,15 +217,19 @@ class VariationalEM(SGKernel):
     :meth:`hyperparameters` (any leading shape). Deterministic sites returned with the samples
     are computed with the params at their init values.
 
+    **Units of** ``hyper_step_size``. ``hyper_step_size`` ρ₀ is a step length in λ's unconstrained units: the
+    λ gradient is divided by the root of its running second moment before the Robbins–Monro rate ρ_t = ρ₀ (1 +
+    t/t₀)^(−κ) is applied (default update).
+
     :param SGKernel kernel: a kernel of this package, constructed on the model (its algorithm is
         wrapped by :func:`variational_em`; no private attribute of it is read).
     :param float hyper_step_size: ρ₀ > 0 (default 0.05).
     :param float hyper_offset: t₀ > 0 in SG steps (default 100).
-    :param float hyper_decay: κ ∈ (0.5, 1] (default 0.6).
+    :param float hyper_power: κ ∈ (0.5, 1] (default 0.6).
     :param hyper_optimizer: optional optax ``GradientTransformation`` replacing the default update.
     """
 
-    def __init__(self, kernel, hyper_step_size=0.05, *, hyper_offset=100.0, hyper_decay=0.6, hyper_optimizer=None):
+    def __init__(self, kernel, *, hyper_step_size=0.05, hyper_offset=100.0, hyper_power=0.6, hyper_optimizer=None):
         if not isinstance(kernel, SGKernel) or isinstance(kernel, VariationalEM):
             raise TypeError(
                 "VariationalEM: `kernel` must be a numpyro_sgd kernel built on the model, e.g. "
@@ -233,16 +237,16 @@ class VariationalEM(SGKernel):
             )
         check_positive("VariationalEM", "hyper_step_size", hyper_step_size, "a positive float (ρ₀)")
         check_positive("VariationalEM", "hyper_offset", hyper_offset, "a positive float (t₀)")
-        if not 0.5 < check_number("VariationalEM", "hyper_decay", hyper_decay) <= 1:
+        if not 0.5 < check_number("VariationalEM", "hyper_power", hyper_power) <= 1:
             raise ValueError(
-                f"VariationalEM: hyper_decay (κ) must lie in (0.5, 1] for a Robbins–Monro schedule "
-                f"(Σρ = ∞, Σρ² < ∞), got {hyper_decay!r}."
+                f"VariationalEM: hyper_power (κ) must lie in (0.5, 1] for a Robbins–Monro schedule "
+                f"(Σρ = ∞, Σρ² < ∞), got {hyper_power!r}."
             )
         if hyper_optimizer is not None and not isinstance(hyper_optimizer, optax.GradientTransformation):
             raise TypeError("VariationalEM: hyper_optimizer must be an optax GradientTransformation.")
         super().__init__(kernel.subsampled_model, **kernel.driver_options)
         self._inner = kernel
-        self._rate = (float(hyper_step_size), float(hyper_offset), float(hyper_decay))
+        self._rate = (float(hyper_step_size), float(hyper_offset), float(hyper_power))
         self._hyper_optimizer = hyper_optimizer
 
     @property

@@ -22,7 +22,7 @@ Adam moves in absolute units (about ``adam_lr`` per step), and phase 2's step li
 length far from the mode, so on a posterior whose sds are tiny in absolute units (predictors in
 small units) both would stop thousands of sds from the mode with no rejected step. So at the
 hand-over from Adam (:func:`newton_to_mode`; ``warmup_newton=True``, the default, up to
-D = :data:`NEWTON_MAX_DIM`) warmup measures its distance to the mode in posterior units — the
+D = :data:`~numpyro_sgd.warmup.NEWTON_MAX_DIM`) warmup measures its distance to the mode in posterior units — the
 Newton decrement on a fixed minibatch — and, when it is far beyond what minibatch noise
 explains, jumps to the mode region by damped Newton steps, which are invariant to the units of
 θ; a run already in the mode region is left as it was. The Hessian this check takes is kept for
@@ -84,7 +84,7 @@ class WarmupState(NamedTuple):
     window_start: jnp.ndarray
     #: Adam learning rate at the start and at the end of its phase
     adam_lr: jnp.ndarray
-    #: largest |Δθ_k| of a phase-2 step
+    #: largest ``|Δθ_k|`` of a phase-2 step
     max_step: jnp.ndarray
     #: Cholesky factor of the phase-2 preconditioner M + Λ⁺ (+ jitter), refreshed with the
     #: moments (full only; a placeholder () for the diagonal)
@@ -329,9 +329,9 @@ NEWTON_MAX_DIM = 1000
 
 
 def newton_decrement(potential_fn, theta):
-    """(λ², Δ, H) of the saddle-free Newton step Δ = |H|⁻¹ g of ``potential_fn`` at θ (g its
-    gradient, H its Hessian, |H| with the eigenvalues of H taken in absolute value and floored at
-    10⁻⁷ of the largest; Dauphin et al. 2014): λ² = gᵀ|H|⁻¹g is the squared distance to the
+    """(λ², Δ, H) of the saddle-free Newton step ``Δ = |H|⁻¹ g`` of ``potential_fn`` at θ (g its
+    gradient, H its Hessian, ``|H|`` with the eigenvalues of H taken in absolute value and floored at
+    10⁻⁷ of the largest; Dauphin et al. 2014): ``λ² = gᵀ|H|⁻¹g`` is the squared distance to the
     minimum in the units of the curvature (posterior sds, for a potential), whatever the units of θ."""
     grad, hessian = grad_and_hessian(potential_fn, theta)
     values, vectors = jnp.linalg.eigh(0.5 * (hessian + hessian.T))

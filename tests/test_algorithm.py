@@ -23,7 +23,7 @@ def model(y):
 
 
 KERNELS = [
-    pytest.param(lambda: ConstantSGD(model, "full", steps_per_sample=1), id="ConstantSGD-full"),
+    pytest.param(lambda: ConstantSGD(model, preconditioner="full", steps_per_sample=1), id="ConstantSGD-full"),
     pytest.param(lambda: SGLD(model, step_size=1e-4), id="SGLD"),
     pytest.param(lambda: SGHMC(model, step_size=1e-3, friction=20.0), id="SGHMC"),
 ]

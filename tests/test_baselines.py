@@ -82,9 +82,3 @@ def test_bad_arguments(make, match):
         make()
 
 
-def test_renamed_keyword_still_works_with_a_future_warning():
-    with pytest.warns(FutureWarning, match="`alpha` is renamed `decay`"):
-        PSGLD(model, step_size=1e-3, alpha=0.9)
-    # the old name's value is the one used (and validated)
-    with pytest.warns(FutureWarning), pytest.raises(ValueError, match="decay"):
-        PSGLD(model, step_size=1e-3, alpha=1.0)

@@ -126,7 +126,7 @@ class CountedModel:
 
 
 @pytest.mark.parametrize("make, warmup_only", [
-    (lambda m: ConstantSGD(m, "full"), {"cholesky", "eigh"}),
+    (lambda m: ConstantSGD(m, preconditioner="full"), {"cholesky", "eigh"}),
     (lambda m: SGFS(m), {"eigh"}),  # SGFS's own sampling step refactorises its online Fisher
     (lambda m: SGLD(m), {"cholesky", "eigh"}),  # default step: a noise warmup, then the step is frozen
 ], ids=["ConstantSGD-full", "SGFS", "SGLD"])
@@ -156,7 +156,8 @@ def test_sampling_program_holds_no_warmup_code(make, warmup_only):
     assert warmup_only <= _primitives(warm.jaxpr)
 
 
-@pytest.mark.parametrize("make", [lambda m: ConstantSGD(m, "full"), lambda m: SGFS(m), lambda m: SGLD(m)],
+@pytest.mark.parametrize("make", [lambda m: ConstantSGD(m, preconditioner="full"), lambda m: SGFS(m),
+                                  lambda m: SGLD(m)],
                          ids=["ConstantSGD-full", "SGFS", "SGLD"])
 def test_a_run_traces_the_model_a_few_times(make):
     """A whole ``mcmc.run`` (init, warmup, sampling, NumPyro's ``postprocess_fn``) traces the model

@@ -118,7 +118,8 @@ def test_step_size_is_kl_optimal_epsilon(runs, linreg):
 
 
 def test_user_step_size_overrides_epsilon(small_linreg):
-    mcmc = MCMC(ConstantSGD(small_linreg.model, "scalar", step_size=1e-3), num_warmup=100, num_samples=10,
+    mcmc = MCMC(ConstantSGD(small_linreg.model, preconditioner="scalar", step_size=1e-3), num_warmup=100,
+                num_samples=10,
                 progress_bar=False)
     mcmc.run(jax.random.key(1), *small_linreg.args)
     ks = mcmc.last_state.kernel_state
@@ -129,7 +130,7 @@ def test_user_step_size_overrides_epsilon(small_linreg):
 def test_momentum_samples_posterior(small_linreg):
     """Sec. 3.3: with damping μ the optimal ε is μ ε*; the stationary law stays near the posterior."""
     p = small_linreg
-    mcmc = MCMC(ConstantSGD(p.model, "full", momentum=0.5, steps_per_sample=5), num_warmup=400,
+    mcmc = MCMC(ConstantSGD(p.model, preconditioner="full", momentum=0.5, steps_per_sample=5), num_warmup=400,
                 num_samples=4000, num_chains=2, chain_method="vectorized", progress_bar=False)
     mcmc.run(jax.random.key(2), *p.args)
     w = np.asarray(mcmc.get_samples()["w"])
@@ -160,7 +161,7 @@ def test_prior_noise_samples_directions_the_likelihood_leaves_flat():
         with numpyro.plate("data", n, subsample_size=s) as idx:
             numpyro.sample("y", dist.Normal(x[idx] @ w, 1.0), obs=y[idx])
 
-    mcmc = MCMC(ConstantSGD(model, "full", prior_noise=True, steps_per_sample=5), num_warmup=400,
+    mcmc = MCMC(ConstantSGD(model, preconditioner="full", prior_noise=True, steps_per_sample=5), num_warmup=400,
                 num_samples=2000, num_chains=2, chain_method="vectorized", progress_bar=False)
     mcmc.run(jax.random.key(0), jnp.asarray(x), jnp.asarray(y))
     w = np.asarray(mcmc.get_samples()["w"])  # 4,000 draws
@@ -184,7 +185,7 @@ def test_constrained_site_on_its_support():
         with numpyro.plate("data", y.shape[0], subsample_size=100) as idx:
             numpyro.sample("obs", dist.Normal(mu, sigma), obs=y[idx])
 
-    mcmc = MCMC(ConstantSGD(model, "full", steps_per_sample=5), num_warmup=400, num_samples=2000,
+    mcmc = MCMC(ConstantSGD(model, preconditioner="full", steps_per_sample=5), num_warmup=400, num_samples=2000,
                 num_chains=2, chain_method="vectorized", progress_bar=False)
     mcmc.run(jax.random.key(4), jnp.asarray(y))
     s = mcmc.get_samples()
@@ -283,7 +284,7 @@ def test_warmup_with_sparse_refreshes_estimates_the_noise(wide_linreg):
     15 % (as ``test_predicted_covariance_method`` at D = 6)."""
     problem = wide_linreg
     assert warmup_refresh_every(problem.d) == 3
-    mcmc = MCMC(ConstantSGD(problem.model, "full", steps_per_sample=10), num_warmup=300, num_samples=20,
+    mcmc = MCMC(ConstantSGD(problem.model, preconditioner="full", steps_per_sample=10), num_warmup=300, num_samples=20,
                 progress_bar=False)
     mcmc.run(jax.random.key(1), *problem.args)
     assert int(mcmc.last_state.num_divergences) == 0

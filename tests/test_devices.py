@@ -76,7 +76,7 @@ SCRIPT = textwrap.dedent(r"""
 
     Xs, ts = (jax.device_put(a, NamedSharding(mesh, P("data"))) for a in (X, t))
     out["shard_rows"] = [int(x.data.shape[0]) for x in Xs.addressable_shards]
-    kernels = (("ConstantSGD", lambda m: ConstantSGD(regression, "full", mesh=m)),
+    kernels = (("ConstantSGD", lambda m: ConstantSGD(regression, preconditioner="full", mesh=m)),
                ("SGLD", lambda m: SGLD(regression, steps_per_sample=n // s, mesh=m)))
     for label, make in kernels if full else kernels[:1]:
         for on_mesh in (False, True) if full else (True,):

@@ -32,8 +32,8 @@ def _run(kernel, *args, progress_bar=False, **mcmc_kw):
 def test_kernel_subsample_size_is_the_model_declaring_it():
     """subsample_size=40 on the kernel draws exactly what a model declaring S = 40 draws, with
     NumPyro's N/S scaling (so the same potentials) and 40 per-datum gradients per step."""
-    overridden = _run(ConstantSGD(model, "full", subsample_size=40, steps_per_sample=1), X, Y)
-    declared = _run(ConstantSGD(model, "full", steps_per_sample=1), X, Y, 40)
+    overridden = _run(ConstantSGD(model, preconditioner="full", subsample_size=40, steps_per_sample=1), X, Y)
+    declared = _run(ConstantSGD(model, preconditioner="full", steps_per_sample=1), X, Y, 40)
     np.testing.assert_array_equal(overridden.get_samples()["w"], declared.get_samples()["w"])
     np.testing.assert_allclose(overridden.get_extra_fields()["data_passes"][-1], 150 * 40 / N)
     assert overridden.sampler.potential.plates[0].subsample_size == 40
@@ -93,8 +93,8 @@ def test_one_model_for_nuts_and_sg():
     """A plate declared without subsample_size is subsampled by the kernel's subsample_size: the
     same draws as passing S as the model argument, and NumPyro's N/S scaling (the potential of a
     minibatch of all N indices is the full-data potential)."""
-    by_kernel = _run(ConstantSGD(full_plate_model, "full", subsample_size=40, steps_per_sample=1), X, Y)
-    by_argument = _run(ConstantSGD(full_plate_model, "full", steps_per_sample=1), X, Y, 40)
+    by_kernel = _run(ConstantSGD(full_plate_model, preconditioner="full", subsample_size=40, steps_per_sample=1), X, Y)
+    by_argument = _run(ConstantSGD(full_plate_model, preconditioner="full", steps_per_sample=1), X, Y, 40)
     np.testing.assert_array_equal(by_kernel.get_samples()["w"], by_argument.get_samples()["w"])
     potential = by_kernel.sampler.potential
     assert [(p.name, p.size, p.subsample_size) for p in potential.plates] == [("data", N, 40)]

@@ -152,7 +152,8 @@ def test_overdamped_weights_are_those_of_app_e():
 # ---------------------------------------------------------------------------- accounting, report
 def test_overdamped_data_passes_count_every_gradient_of_the_index_chain():
     """(M + 1) S per step for M = 3 (M = 0 is checked against SGLD above)."""
-    mcmc = _run(OverdampedEWSG(normal_mean, 1e-5, num_index_steps=3, steps_per_sample=4), jax.random.key(3), Y,
+    mcmc = _run(OverdampedEWSG(normal_mean, step_size=1e-5, num_index_steps=3, steps_per_sample=4), jax.random.key(3),
+                Y,
                 num_warmup=2, num_samples=3)
     assert int(mcmc.last_state.i) == 20
     assert float(mcmc.last_state.num_grad_evals) == 20 * 4 * 20
@@ -162,7 +163,8 @@ def test_overdamped_data_passes_count_every_gradient_of_the_index_chain():
 def test_ewsgvr_counts_anchor_gradients_and_calibrations():
     """EWSG-VR: (M + 2) S per step and N per calibration; with N = 1000, S = 20, M = 1 the period
     of L = 1 pass is ⌈1000/40⌉ = 25 steps, so 30 steps calibrate twice (steps 0 and 25)."""
-    mcmc = _run(EWSGVR(normal_mean, 1e-4, 20.0, num_index_steps=1, steps_per_sample=5), jax.random.key(3), Y,
+    mcmc = _run(EWSGVR(normal_mean, step_size=1e-4, friction=20.0, num_index_steps=1, steps_per_sample=5),
+                jax.random.key(3), Y,
                 num_samples=6)
     assert float(mcmc.last_state.num_grad_evals) == 30 * 3 * 20 + 2 * 1000
 
@@ -172,7 +174,7 @@ def test_data_passes_and_acceptance_are_reported():
     3 index moves, and the running counts are in the state, in ``extra_fields`` and in the
     progress-bar text."""
     m, s, spp = 3, 20, 5
-    kernel = EWSG(normal_mean, 1e-4, 20.0, num_index_steps=m, steps_per_sample=spp)
+    kernel = EWSG(normal_mean, step_size=1e-4, friction=20.0, num_index_steps=m, steps_per_sample=spp)
     mcmc = _run(kernel, jax.random.key(4), Y, num_samples=20, num_chains=2,
                 extra_fields=("kernel_state.num_index_accepted", "kernel_state.num_index_proposed"))
     steps = 20 * spp
@@ -218,9 +220,10 @@ def test_ewsg_beats_sghmc_on_the_gaussian_of_fig_1():
     difference to exceed 3 SE(diff). The Gaussian-fit bias, (D(D+1)/4 + D/2)/n ≈ 1e-3, is the
     same for both and far below the difference."""
     chains = 2000
-    sghmc, st_sghmc = _final_positions(SGHMC(gaussian_sum, 5e-2, 10.0, steps_per_sample=1500),
+    sghmc, st_sghmc = _final_positions(SGHMC(gaussian_sum, step_size=5e-2, friction=10.0, steps_per_sample=1500),
                                        jax.random.key(10), chains)
-    ewsg, st_ewsg = _final_positions(EWSG(gaussian_sum, 5e-2, 10.0, num_index_steps=1, steps_per_sample=750),
+    ewsg, st_ewsg = _final_positions(EWSG(gaussian_sum, step_size=5e-2, friction=10.0, num_index_steps=1,
+                                          steps_per_sample=750),
                                      jax.random.key(11), chains)
     np.testing.assert_allclose(st_sghmc.data_passes, 30.0)
     np.testing.assert_allclose(st_ewsg.data_passes, 30.0)
@@ -237,9 +240,11 @@ def test_ewsgvr_with_uniform_minibatches_removes_the_minibatch_inflation():
     EWSG-VR's 0.96–1.05× (KL 0.002 ± 0.004); z ≈ 20. 500 chains, 600 steps each (T = 12; the
     slowest relaxation rate is ≈ 5 per unit time)."""
     chains = 500
-    sghmc, _ = _final_positions(SGHMC(gaussian_sum, 2e-2, 10.0, steps_per_sample=600), jax.random.key(12),
+    sghmc, _ = _final_positions(SGHMC(gaussian_sum, step_size=2e-2, friction=10.0, steps_per_sample=600),
+                                jax.random.key(12),
                                   chains)
-    vr, _ = _final_positions(EWSGVR(gaussian_sum, 2e-2, 10.0, num_index_steps=0, steps_per_sample=600),
+    vr, _ = _final_positions(EWSGVR(gaussian_sum, step_size=2e-2, friction=10.0, num_index_steps=0,
+                                    steps_per_sample=600),
                              jax.random.key(13), chains)
     kl_sghmc, se_sghmc = _kl_and_se(sghmc)
     kl_vr, se_vr = _kl_and_se(vr, seed=1)
@@ -256,15 +261,19 @@ def test_ewsgvr_with_uniform_minibatches_removes_the_minibatch_inflation():
     (lambda: EWSG(normal_mean, step_size=-1e-3, friction=1.0), "step_size must be a positive float"),
     (lambda: EWSG(normal_mean, step_size=1e-3, friction=0.0), "EWSG: friction must be a positive float"),
     (lambda: EWSG(normal_mean, step_size=1e-3, friction=-2.0), "friction must be a positive float"),
-    (lambda: EWSG(normal_mean, 1e-3, 1.0, num_index_steps=-1), "num_index_steps must be an integer >= 0"),
-    (lambda: EWSG(normal_mean, 1e-3, 1.0, num_index_steps=1.5), "num_index_steps must be an integer >= 0"),
-    (lambda: EWSG(normal_mean, 1e-3, 1.0, num_index_steps=True), "num_index_steps must be an integer >= 0"),
-    (lambda: EWSG(normal_mean, 1e-3, 1.0, x_estimate="r"), "x_estimate must be one of"),
-    (lambda: EWSG(normal_mean, 1e-3, 1.0, warmup_subsample="shuffle"), "same minibatch"),
+    (lambda: EWSG(normal_mean, step_size=1e-3, friction=1.0, num_index_steps=-1),
+     "num_index_steps must be an integer >= 0"),
+    (lambda: EWSG(normal_mean, step_size=1e-3, friction=1.0, num_index_steps=1.5),
+     "num_index_steps must be an integer >= 0"),
+    (lambda: EWSG(normal_mean, step_size=1e-3, friction=1.0, num_index_steps=True),
+     "num_index_steps must be an integer >= 0"),
+    (lambda: EWSG(normal_mean, step_size=1e-3, friction=1.0, x_estimate="r"), "x_estimate must be one of"),
+    (lambda: EWSG(normal_mean, step_size=1e-3, friction=1.0, warmup_subsample="shuffle"), "same minibatch"),
     (lambda: OverdampedEWSG(normal_mean, step_size=0.0), "OverdampedEWSG: step_size must be a positive float"),
-    (lambda: OverdampedEWSG(normal_mean, 1e-3, num_index_steps=-2), "num_index_steps must be an integer"),
-    (lambda: EWSGVR(normal_mean, 1e-3, friction=0.0), "EWSGVR: friction must be a positive float"),
-    (lambda: EWSGVR(normal_mean, 1e-3, 1.0, calibration_period=0), "calibration_period must be an integer >= 1"),
+    (lambda: OverdampedEWSG(normal_mean, step_size=1e-3, num_index_steps=-2), "num_index_steps must be an integer"),
+    (lambda: EWSGVR(normal_mean, step_size=1e-3, friction=0.0), "EWSGVR: friction must be a positive float"),
+    (lambda: EWSGVR(normal_mean, step_size=1e-3, friction=1.0, calibration_period=0),
+     "calibration_period must be an integer >= 1"),
 ])
 def test_bad_arguments(make, match):
     with pytest.raises(ValueError, match=match):
@@ -280,4 +289,4 @@ def test_ewsgvr_rejects_two_subsample_plates_before_sampling():
             numpyro.sample("yb", dist.Normal(mu, 1), obs=y[j])
 
     with pytest.raises(ValueError, match="EWSGVR: the model has 2 subsample plates"):
-        EWSGVR(two_plates, 1e-3, 1.0).init(jax.random.key(0), 10, model_args=(Y,))
+        EWSGVR(two_plates, step_size=1e-3, friction=1.0).init(jax.random.key(0), 10, model_args=(Y,))

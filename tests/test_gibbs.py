@@ -210,7 +210,8 @@ def test_hyper_candidates_horseshoe():
     (non_centred_by_hand, None, r"no hyperparameter site .* write the group effects centred"),
 ], ids=["unknown-name", "parent-of-data", "non-centred"])
 def test_bad_hyper_sites_raise_before_compute(data, model, hyper_sites, match):
-    mcmc = MCMC(SGWithinGibbs(ConstantSGD(model), hyper_sites), num_warmup=10, num_samples=10, progress_bar=False)
+    mcmc = MCMC(SGWithinGibbs(ConstantSGD(model), hyper_sites=hyper_sites), num_warmup=10, num_samples=10,
+                progress_bar=False)
     with pytest.raises(ValueError, match=match):
         mcmc.run(jax.random.key(0), *data)
 

@@ -236,9 +236,8 @@ def test_bad_arguments(kwargs, error, match):
         IASG(model, **kwargs)
 
 
-def test_old_preconditioner_name_warns_and_means_scalar():
-    with pytest.warns(FutureWarning, match="preconditioner=None is renamed preconditioner='scalar'"):
-        kernel = IASG(model, preconditioner=None, step_size=0.2)
+def test_scalar_preconditioner_is_h_equal_identity():
+    kernel = IASG(model, preconditioner="scalar", step_size=0.2)
     x, y = _small()
     alg, _, theta = kernel.algorithm(jax.random.key(0), x, y)
     state = alg.init(jax.random.key(1), theta, 0)

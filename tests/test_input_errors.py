@@ -95,7 +95,7 @@ def test_numeric_argument_given_as_string_is_a_type_error(kernel_cls, kwargs, ar
 
 def test_ewsgvr_and_vem_string_arguments():
     with pytest.raises(TypeError, match=r"EWSGVR: calibration_period must be an integer >= 1, got '2'"):
-        EWSGVR(model, 0.1, 1.0, calibration_period="2")
+        EWSGVR(model, step_size=0.1, friction=1.0, calibration_period="2")
     with pytest.raises(TypeError, match=r"VariationalEM: hyper_step_size must be .*got '0.1' \(a str\)"):
         VariationalEM(ConstantSGD(model), hyper_step_size="0.1")
 

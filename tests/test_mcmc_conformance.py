@@ -28,9 +28,10 @@ from numpyro_sgd import (
 #: (factory, data passes per 100 SG steps of the runs below: per-datum gradients per step × 100 / N)
 KERNELS = [
     pytest.param(lambda m, **kw: SGLD(m, step_size=1e-4, **kw), 5, id="SGLD"),
-    pytest.param(lambda m, **kw: ConstantSGD(m, "diag", **kw), 5, id="ConstantSGD-diag"),
-    pytest.param(lambda m, **kw: ConstantSGD(m, "full", momentum=0.5, **kw), 5, id="ConstantSGD-full-momentum"),
-    pytest.param(lambda m, **kw: SGFS(m, "diag", max_step=1e-3, **kw), 5, id="SGFS-diag"),
+    pytest.param(lambda m, **kw: ConstantSGD(m, preconditioner="diag", **kw), 5, id="ConstantSGD-diag"),
+    pytest.param(lambda m, **kw: ConstantSGD(m, preconditioner="full", momentum=0.5, **kw), 5,
+                 id="ConstantSGD-full-momentum"),
+    pytest.param(lambda m, **kw: SGFS(m, preconditioner="diag", max_step=1e-3, **kw), 5, id="SGFS-diag"),
     pytest.param(lambda m, **kw: PSGLD(m, step_size=1e-5, **kw), 5, id="PSGLD"),
     pytest.param(lambda m, **kw: SGHMC(m, step_size=1e-3, friction=20.0, **kw), 5, id="SGHMC"),
     # the window is IASG's steps_per_sample (a window ≠ N/S warns that the covariance is rescaled)
@@ -45,7 +46,7 @@ KERNELS = [
     pytest.param(lambda m, **kw: EWSGVR(m, step_size=1e-4, friction=20.0, **kw), 25, id="EWSGVR"),
 ]
 #: VariationalEM fits the model's param site; one more minibatch gradient (for λ) per sampling step
-VEM = pytest.param(lambda m, **kw: VariationalEM(ConstantSGD(m, "diag", **kw)), None, id="VariationalEM")
+VEM = pytest.param(lambda m, **kw: VariationalEM(ConstantSGD(m, preconditioner="diag", **kw)), None, id="VariationalEM")
 KERNELS_AND_VEM = KERNELS + [VEM]
 #: kernels that exercise every path of the shared driver: plain steps (SGLD), an adapting warmup
 #: with momentum (ConstantSGD), a window with end_block (IASG), the index chain and a full-data

@@ -39,7 +39,8 @@ WORKER = textwrap.dedent(r"""
         with numpyro.plate("data", X.shape[0], subsample_size=s) as i:
             numpyro.sample("t", dist.Normal(X[i] @ w, 1.0), obs=t[i])
 
-    mcmc = MCMC(ConstantSGD(regression, "full", mesh=mesh), num_warmup=50, num_samples=200, progress_bar=False,
+    mcmc = MCMC(ConstantSGD(regression, preconditioner="full", mesh=mesh), num_warmup=50, num_samples=200,
+                progress_bar=False,
                 jit_model_args=True)
     mcmc.run(jax.random.key(2), Xg, tg)
     w = mcmc.get_samples()["w"]

@@ -35,7 +35,7 @@ def _mean_z(mcmc, problem):
 def test_check_run_passes_a_good_run(small_linreg):
     """ConstantSGD-full on the conjugate regression: means within 0.3 sd (checked), so no check may
     fire (R-hat ≈ 1, ESS in the hundreds, the mean within MCSE ≈ 0.06 sd of the mode)."""
-    mcmc = _run(ConstantSGD(small_linreg.model, "full"), small_linreg)
+    mcmc = _run(ConstantSGD(small_linreg.model, preconditioner="full"), small_linreg)
     assert np.max(_mean_z(mcmc, small_linreg)) < 0.3
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -67,7 +67,7 @@ def test_check_run_flags_a_frozen_direction(make_linreg):
     direction, so the other relaxes 10⁴× slower than the run (measured sd ratio 0.05). ``to_arviz``
     and ``compare`` warn the same."""
     problem = make_linreg(n=2_000, d=2, s=20, rho=0.0, scales=(1.0, 100.0), seed=4)
-    mcmc = _run(ConstantSGD(problem.model, "scalar"), problem)
+    mcmc = _run(ConstantSGD(problem.model, preconditioner="scalar"), problem)
     sd_ratio = np.asarray(mcmc.get_samples()["w"]).std(0) / np.sqrt(np.diag(problem.post_cov))
     assert sd_ratio.min() < 0.3
     messages = check_run(mcmc, warn=False)
@@ -125,7 +125,8 @@ def test_progress_bar_final_line_shows_final_state(small_linreg, capfd, monkeypa
     in CI: unset here."""
     monkeypatch.delenv("CI", raising=False)
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
-    mcmc = MCMC(ConstantSGD(small_linreg.model, "diag", steps_per_sample=3), num_warmup=20, num_samples=200,
+    mcmc = MCMC(ConstantSGD(small_linreg.model, preconditioner="diag", steps_per_sample=3), num_warmup=20,
+                num_samples=200,
                 progress_bar=True)
     mcmc.run(jax.random.key(1), *small_linreg.args)
     last = capfd.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]

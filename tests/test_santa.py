@@ -48,7 +48,7 @@ def test_annealed_kernel_reaches_lbfgs_optimum(logistic):
     """Annealed Santa: 50 passes of exploration (β_t = t^0.5), 50 of refinement; the last sample's
     full-data potential is within 1e-3 (relative) of the L-BFGS optimum (measured 1e-4)."""
     x, y, potential, optimum = logistic
-    mcmc = MCMC(Santa(logistic_model, 3e-6, anneal=True, steps_per_sample=100), num_warmup=50, num_samples=50,
+    mcmc = MCMC(Santa(logistic_model, step_size=3e-6, anneal=True, steps_per_sample=100), num_warmup=50, num_samples=50,
                 progress_bar=False)
     mcmc.run(jax.random.key(0), x, y, extra_fields=("data_passes",))
     assert float(mcmc.get_extra_fields()["data_passes"][-1]) == 100.0
@@ -67,7 +67,8 @@ def test_optax_santa_map_estimate_reaches_lbfgs_optimum(logistic):
 def test_map_estimate_warm_starts_constant_sgd(logistic):
     x, y, potential, optimum = logistic
     start = map_estimate(logistic_model, jax.random.key(2), x, y, num_steps=2_000)
-    mcmc = MCMC(ConstantSGD(logistic_model, "full", adam_fraction=0.0, steps_per_sample=10), num_warmup=50,
+    mcmc = MCMC(ConstantSGD(logistic_model, preconditioner="full", adam_fraction=0.0, steps_per_sample=10),
+                num_warmup=50,
                 num_samples=100, progress_bar=False)
     mcmc.run(jax.random.key(3), x, y, init_params=start)
     # sampling around the mode: the potential at the sample mean is within D/2 + O(1) of the optimum
@@ -108,7 +109,7 @@ def test_sampler_at_beta_one_matches_posterior(scheme):
     g = (np.diag(reg.q) / reg.n**2) ** -0.25
     omega = np.sqrt(np.linalg.eigvalsh(np.diag(g) @ reg.hessian @ np.diag(g))[-1])
     eta = (0.2 / omega) ** 2
-    mcmc = MCMC(Santa(reg.model, eta, scheme=scheme, steps_per_sample=20), num_warmup=200, num_samples=2000,
+    mcmc = MCMC(Santa(reg.model, step_size=eta, scheme=scheme, steps_per_sample=20), num_warmup=200, num_samples=2000,
                 num_chains=4, chain_method="vectorized", progress_bar=False)
     mcmc.run(jax.random.key(0), jnp.asarray(reg.x), jnp.asarray(reg.y),
              init_params={"w": jnp.tile(jnp.asarray(reg.mean), (4, 1))})
@@ -149,22 +150,16 @@ def test_optax_transformation_is_an_optimizer_on_a_quadratic():
 ])
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        Santa(logistic_model, 1e-5, **kwargs)
+        Santa(logistic_model, step_size=1e-5, **kwargs)
 
 
 def test_bad_arguments_optax_and_step_size():
     with pytest.raises(ValueError, match="step_size"):
-        Santa(logistic_model, 0.0)
+        Santa(logistic_model, step_size=0.0)
     with pytest.raises(ValueError, match="learning_rate"):
         santa(-1.0)
     with pytest.raises(ValueError, match="decay"):
         santa(1e-3, decay=1.5)
-    with pytest.warns(FutureWarning, match="`sigma` is renamed `decay`"):
-        santa(1e-3, sigma=0.99)
-    with pytest.warns(FutureWarning, match="`sigma` is renamed `decay`"):
-        Santa(logistic_model, 1e-3, sigma=0.99)
-    with pytest.raises(TypeError, match="both `decay` and its old name `sigma`"):
-        Santa(logistic_model, 1e-3, decay=0.9, sigma=0.99)
     with pytest.raises(ValueError, match="schedule decreases"):
         santa(1e-3, schedule=lambda t: 10.0 / (1.0 + jnp.log(t)))
     with pytest.raises(ValueError, match="power must be > 0"):

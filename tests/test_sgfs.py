@@ -54,7 +54,7 @@ def test_sgfs_diag_bias_follows_corollary_2(full_and_diag, linreg):
 def test_max_step_caps_every_diagonal_entry(small_linreg, preconditioner):
     """Cor. 2 stability rule: H_kk ≤ h_max for every k, and the cap binds (noise is injected)."""
     h_max = 2e-3
-    mcmc = MCMC(SGFS(small_linreg.model, preconditioner, max_step=h_max), num_warmup=200, num_samples=50,
+    mcmc = MCMC(SGFS(small_linreg.model, preconditioner=preconditioner, max_step=h_max), num_warmup=200, num_samples=50,
                 progress_bar=False)
     mcmc.run(jax.random.key(1), *small_linreg.args)
     h = mcmc.sampler.effective_preconditioner(mcmc.last_state)
@@ -66,7 +66,7 @@ def test_max_step_caps_every_diagonal_entry(small_linreg, preconditioner):
 
 
 def test_sgfs_without_cap_injects_no_noise(small_linreg):
-    mcmc = MCMC(SGFS(small_linreg.model, "full"), num_warmup=200, num_samples=20, progress_bar=False)
+    mcmc = MCMC(SGFS(small_linreg.model, preconditioner="full"), num_warmup=200, num_samples=20, progress_bar=False)
     mcmc.run(jax.random.key(2), *small_linreg.args)
     assert np.all(np.asarray(mcmc.last_state.kernel_state.injected) == 0)
     # a = 1 + S/N: Ahn et al.'s γ = (S + N)/S times S/N

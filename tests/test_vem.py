@@ -85,7 +85,7 @@ def run_vem(kernel, x, y, beta, num_samples=2000, chains=4, **kw):
 @pytest.fixture(scope="module")
 def strong():
     x, y = simulate(2000, 10, beta=1.0)
-    vem, mcmc = run_vem(ConstantSGD(model, "full", steps_per_sample=10), x, y, 1.0)
+    vem, mcmc = run_vem(ConstantSGD(model, preconditioner="full", steps_per_sample=10), x, y, 1.0)
     return x, y, vem, mcmc
 
 
@@ -120,7 +120,7 @@ def test_joint_map_fails_where_vem_does_not():
     x, y = simulate(1000, 20, beta)
     target = type2_precision(x, y, beta)
     assert joint_map_precision(x, y, beta) > 10 * target
-    vem, mcmc = run_vem(ConstantSGD(model, "full", steps_per_sample=10), x, y, beta)
+    vem, mcmc = run_vem(ConstantSGD(model, preconditioner="full", steps_per_sample=10), x, y, beta)
     lam = np.asarray(vem.hyperparameters(mcmc.last_state)["lam"])
     assert abs(lam.mean() / target - 1) < 0.1, (lam, target)
 
@@ -148,7 +148,7 @@ def test_params_are_held_outside_the_wrapper():
     x, y = simulate(500, 3, beta=1.0)
     draws = []
     for m in (model, fixed_model):
-        mcmc = MCMC(ConstantSGD(m, "diag"), num_warmup=50, num_samples=50, progress_bar=False)
+        mcmc = MCMC(ConstantSGD(m, preconditioner="diag"), num_warmup=50, num_samples=50, progress_bar=False)
         mcmc.run(jax.random.key(2), jnp.asarray(x), jnp.asarray(y))
         draws.append(np.asarray(mcmc.get_samples()["w"]))
     np.testing.assert_allclose(draws[0], draws[1], rtol=1e-10)
@@ -175,8 +175,8 @@ def test_bad_input():
         VariationalEM(ConstantSGD(model), hyper_step_size=0.0)
     with pytest.raises(ValueError, match="hyper_step_size"):
         VariationalEM(ConstantSGD(model), hyper_step_size=-1.0)
-    with pytest.raises(ValueError, match="hyper_decay"):
-        VariationalEM(ConstantSGD(model), hyper_decay=0.5)
+    with pytest.raises(ValueError, match="hyper_power"):
+        VariationalEM(ConstantSGD(model), hyper_power=0.5)
     with pytest.raises(TypeError, match="numpyro_sgd kernel"):
         VariationalEM(model)
     with pytest.raises(TypeError, match="numpyro_sgd kernel"):

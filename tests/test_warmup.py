@@ -49,7 +49,7 @@ def test_newton_to_mode_does_not_depend_on_units(scale):
     assert np.array_equal(np.asarray(kept), np.asarray(near))
 
 
-@pytest.mark.parametrize("kernel", [lambda m: ConstantSGD(m, "full"),
+@pytest.mark.parametrize("kernel", [lambda m: ConstantSGD(m, preconditioner="full"),
                                     pytest.param(lambda m: SGFS(m), marks=pytest.mark.slow),
                                     pytest.param(lambda m: IASG(m, preconditioner="full"), marks=pytest.mark.slow)],
                          ids=["ConstantSGD-full", "SGFS", "IASG-full"])
@@ -79,7 +79,8 @@ def test_warmup_newton_leaves_a_run_in_the_mode_region_as_it_was(small_linreg):
     taken, and the draws are bit for bit those of the default warmup."""
     draws = []
     for newton in (False, True):
-        mcmc = MCMC(ConstantSGD(small_linreg.model, "full", warmup_newton=newton), num_warmup=50, num_samples=50,
+        mcmc = MCMC(ConstantSGD(small_linreg.model, preconditioner="full", warmup_newton=newton), num_warmup=50,
+                    num_samples=50,
                     progress_bar=False)
         mcmc.run(jax.random.key(0), *small_linreg.args)
         draws.append(np.asarray(mcmc.get_samples()["w"]))
