@@ -91,8 +91,8 @@ def delta(after, before):
 
 
 # --------------------------------------------------------------------------- problem
-# the simulated logistic regression of examples/benchmark_throughput.py (x ~ N(0, I/D), w ~ N(0, I))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "examples"))
+# the simulated logistic regression of benchmarks/benchmark_throughput.py (x ~ N(0, I/D), w ~ N(0, I))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchmark_throughput import simulate  # noqa: E402
 
 

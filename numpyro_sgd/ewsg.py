@@ -632,7 +632,7 @@ class EWSGVR(_IndexChainKernel):
 
     .. warning:: The Euler step with friction Γ_k is stable only while h·λ_max(Γ_k) < 2. At the
        paper's Fig. 1 setting (h = 5e-2, S = 1, γ = 10) hΓ ≈ 3.6 and the chains diverge (the
-       base rejects the non-finite steps; ``examples/ewsg_gaussian.py`` shows it). Γ_k compensates
+       base rejects the non-finite steps; ``benchmarks/ewsg_gaussian.py`` shows it). Γ_k compensates
        the covariance of *uniform* minibatches (Alg. 2), while with M ≥ 1 the index chain already
        lowers the noise: measured at h = 2e-2 on that example, EWSG-VR with M = 1 over-corrects
        (variance 0.70× the target's), with M = 0 it is within a few % of it.

@@ -32,8 +32,10 @@ def test_every_local_link_resolves_inside_the_repository(page):
     assert broken == []
 
 
-@pytest.mark.parametrize("page", PAGES + sorted((ROOT / "examples").glob("*.py")),
-                         ids=lambda p: str(p.relative_to(ROOT)))
+SCRIPTS = sorted((ROOT / "examples").glob("*.py")) + sorted((ROOT / "benchmarks").glob("*.py"))
+
+
+@pytest.mark.parametrize("page", PAGES + SCRIPTS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_page_or_example_sends_users_to_the_development_data_folder(page):
     assert "../shared" not in page.read_text(encoding="utf-8")
 

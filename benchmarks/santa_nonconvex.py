@@ -79,9 +79,9 @@ Gaussian draws and ~30 element-wise operations per step, costs more than the gra
 map_estimate check
 ~25 s and the compilation ~13 s when not cached in ``.jax_cache``; ``--quick`` about 1 minute)::
 
-    python examples/santa_nonconvex.py                  # 15 passes, 3 seeds -> docs/santa_nonconvex*
-    python examples/santa_nonconvex.py --quick          # 3 passes, 1 seed, no check -> examples/output/
-    python examples/santa_nonconvex.py --passes 40 --seeds 5 --out /tmp/santa
+    python benchmarks/santa_nonconvex.py                  # 15 passes, 3 seeds -> docs/santa_nonconvex*
+    python benchmarks/santa_nonconvex.py --quick          # 3 passes, 1 seed, no check -> examples/output/
+    python benchmarks/santa_nonconvex.py --passes 40 --seeds 5 --out /tmp/santa
 
 Output: the tables (printed), ``santa_nonconvex_results.md`` and ``santa_nonconvex.png`` in
 ``--out`` (default ``docs``; with ``--quick`` ``examples/output/santa_nonconvex``).
@@ -489,7 +489,7 @@ def main(argv=None):
     runtime = time.time() - t_start
     print(f"\nwrote {png}; total runtime {runtime:.0f} s")
 
-    cmd = " ".join(["python examples/santa_nonconvex.py"] + (sys.argv[1:] if argv is None else list(argv)))
+    cmd = " ".join(["python benchmarks/santa_nonconvex.py"] + (sys.argv[1:] if argv is None else list(argv)))
     timing = ", ".join(f"{m} {wall[m]:.0f} s" for m in METHODS)
     md = [
         "# Santa vs Adam vs SGD-momentum: MAP of a Bayesian neural network on MNIST",
@@ -504,7 +504,7 @@ def main(argv=None):
         f"(NumPyro's potential per datum), minibatches of S = {S} drawn with replacement (map_estimate's); every "
         f"run takes {num_steps} SG steps = {passes} data passes, from the same initial point for a given seed "
         "(W ~ N(0, 1/fan_in), b = 0) and with the same minibatch sequence. All choices: the docstring of "
-        "`examples/santa_nonconvex.py`.",
+        "`benchmarks/santa_nonconvex.py`.",
         "",
         "Optimisers: Santa-E = `santa(η, schedule=polynomial_annealing(0.5, scale=N), burnin=T // 2)` (Euler, "
         "Alg. 6/7, σ = 0.999, λ = 1e-8: map_estimate's default optimizer); Santa-S = the same with "

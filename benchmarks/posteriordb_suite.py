@@ -9,8 +9,8 @@ relative sd error (constrained scale) and the Gaussian-fit KL in both directions
 unconstrained scale, next to the reference's own noise floor (split-half NUTS validation in
 ``validation_numpyro_nuts.json``).
 
-    python examples/posteriordb_suite.py --data /path/to/data  # holding posteriordb/ (or set $NUMPYRO_SGD_DATA)
-    python examples/posteriordb_suite.py --data /path/to/data --posteriors sblri-blr kidiq-kidscore_interaction
+    python benchmarks/posteriordb_suite.py --data /path/to/data  # holding posteriordb/ (or set $NUMPYRO_SGD_DATA)
+    python benchmarks/posteriordb_suite.py --data /path/to/data --posteriors sblri-blr kidiq-kidscore_interaction
 
 SGLD's step size is set per posterior from the gradient-noise covariance Q that ConstantSGD-full
 estimated in its warmup: with Fisher ≈ Hessian, A_U ≈ (S/N) Q, and ε = 0.05 / λ_max(A_U); SGLD
@@ -143,7 +143,7 @@ def main(argv=None):
     table = "\n".join(lines)
     print("\n" + table)
     with open(os.path.join(args.out, "posteriordb.md"), "w") as f:
-        f.write("# posteriordb reference posteriors (examples/posteriordb_suite.py)\n\n" + table + "\n")
+        f.write("# posteriordb reference posteriors (benchmarks/posteriordb_suite.py)\n\n" + table + "\n")
     with open(os.path.join(args.out, "posteriordb.json"), "w") as f:
         json.dump(results, f, indent=1)
 

@@ -9,8 +9,8 @@ post-warmup state, it compiles one loop of ``--passes`` calls of the kernel's ``
 data pass each), runs it once untimed and once timed: the cost of a data pass in the sampling
 phase, free of compilation and warmup. Printed as a Markdown table.
 
-    python examples/benchmark_devices.py                       # N = 200,000, D = 10
-    python examples/benchmark_devices.py --n 1000000 --d 50 --passes 50
+    python benchmarks/benchmark_devices.py                       # N = 200,000, D = 10
+    python benchmarks/benchmark_devices.py --n 1000000 --d 50 --passes 50
 """
 
 import argparse

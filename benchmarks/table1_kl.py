@@ -72,9 +72,9 @@ Mandt Eq. 13 / Eq. 34): the value a very long run would reach.
 Run (measured on 2 busy CPU cores: about 6.5 minutes, ``--quick`` about 2.5 minutes; a third to
 half of it is compilation, cached in ``.jax_cache`` for later runs)::
 
-    python examples/table1_kl.py --data /path/to/data  # or set $NUMPYRO_SGD_DATA
-    python examples/table1_kl.py --quick --datasets wine skin
-    python examples/table1_kl.py --data /path/to/data --sgld-step-size wine=1e-4
+    python benchmarks/table1_kl.py --data /path/to/data  # or set $NUMPYRO_SGD_DATA
+    python benchmarks/table1_kl.py --quick --datasets wine skin
+    python benchmarks/table1_kl.py --data /path/to/data --sgld-step-size wine=1e-4
 
 Output: the tables (printed) and ``table1.md`` / ``table1.json`` in ``--out``
 (default ``examples/output/table1``).

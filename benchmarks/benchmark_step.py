@@ -26,8 +26,8 @@ Run
 ---
 ::
 
-    python examples/benchmark_step.py                     # the full grid (about 20 minutes on 2 cores)
-    python examples/benchmark_step.py --quick             # S = 1000, D = 10, 1 chain, 3 kernels
+    python benchmarks/benchmark_step.py                     # the full grid (about 20 minutes on 2 cores)
+    python benchmarks/benchmark_step.py --quick             # S = 1000, D = 10, 1 chain, 3 kernels
 
 Figures go to stdout and to ``--out`` (JSON, default ``examples/output/benchmark_step.json``).
 """
@@ -47,7 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpyro
 import numpyro.distributions as dist
-from benchmark_throughput import CompileClock, make_model, simulate  # the same problem and clock (examples/)
+from benchmark_throughput import CompileClock, make_model, simulate  # the same problem and clock (benchmarks/)
 from jax import lax, random
 from jax.scipy.linalg import cho_solve
 from numpyro.infer import MCMC

@@ -54,8 +54,8 @@ Run
 ---
 ::
 
-    python examples/benchmark_throughput.py                 # defaults: K=20000, 5 repeats
-    python examples/benchmark_throughput.py --num-steps 5000 --repeats 3 --out /tmp/bench.json
+    python benchmarks/benchmark_throughput.py                 # defaults: K=20000, 5 repeats
+    python benchmarks/benchmark_throughput.py --num-steps 5000 --repeats 3 --out /tmp/bench.json
 
 The figures are also written as JSON to ``--out`` (default
 ``examples/output/benchmark_throughput.json``).
