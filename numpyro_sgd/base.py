@@ -694,6 +694,14 @@ class SGKernel(MCMCKernel):
 
     def init(self, rng_key, num_warmup, init_params=None, model_args=(), model_kwargs=None):
         model_kwargs = {} if model_kwargs is None else model_kwargs
+        if self._mesh is not None and _is_tracer(rng_key):  # NumPyro's chain_method="parallel" (pmap)
+            raise ValueError(
+                f"{type(self).__name__}: mesh= splits the data rows over the mesh's devices, and "
+                "chain_method='parallel' would put one chain on each device as well (JAX then reports a "
+                "'Context mesh ... should match the mesh of sharding' error at the model's indexing). Use "
+                "chain_method='vectorized' (every chain on every device, each with its own rows' gradients) "
+                "or 'sequential' with mesh=, or drop mesh= to run parallel chains."
+            )
         vectorized = not is_prng_key(rng_key)
         if not isinstance(num_warmup, int) and not _is_tracer(num_warmup):
             num_warmup = int(num_warmup)

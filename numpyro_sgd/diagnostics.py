@@ -761,6 +761,14 @@ def _worst(stat, draws, pick):
     return best
 
 
+def _statistic(value):
+    """A diagnostic's value as text; a non-finite one (a coordinate with no variance within a
+    chain half, where R-hat and ESS divide by zero) says so instead of printing inf."""
+    if np.isfinite(value):
+        return f"{value:.3g}"
+    return "undefined (the coordinate has no variance within a chain half: the chain did not move)"
+
+
 def _coordinate(draws, name, j):
     return name if draws[name].shape[-1] == 1 else f"{name}[{j}]"
 
@@ -825,7 +833,7 @@ def check_run(mcmc, *, gradient=True, warn=True):
         site, j, rhat = _worst(split_gelman_rubin, draws, np.argmax)
         if not rhat <= RHAT_MAX:
             messages.append(
-                f"{name}: split R-hat {rhat:.3g} > {RHAT_MAX} for {_coordinate(draws, site, j)} (unconstrained): "
+                f"{name}: split R-hat {_statistic(rhat)} > {RHAT_MAX} for {_coordinate(draws, site, j)} (unconstrained): "
                 "the chain drifts between the halves of the run, or the chains sit in different places, so "
                 "the draws are not yet from a stationary law and their means and sds are biased. Try a longer "
                 "warmup (warmup_passes), predictors rescaled to unit scale (warmup's first phase moves in absolute "
@@ -833,17 +841,32 @@ def check_run(mcmc, *, gradient=True, warn=True):
         site, j, ess = _worst(effective_sample_size, draws, np.argmin)
         if not ess >= ESS_MIN:
             messages.append(
-                f"{name}: bulk ESS {ess:.3g} < {ESS_MIN:g} for {_coordinate(draws, site, j)} (unconstrained): the "
+                f"{name}: bulk ESS {_statistic(ess)} < {ESS_MIN:g} for {_coordinate(draws, site, j)} (unconstrained): the "
                 "chain hardly moves in this direction (a direction the preconditioner leaves frozen, or a run "
                 "shorter than its relaxation time), so estimates along it are unreliable. Try "
                 "preconditioner='full', a longer run (num_samples, steps_per_sample), or rescaled predictors.")
         if gradient:
-            messages += _mode_offset_messages(kernel, mcmc, state, draws, name)
-            messages += _spread_messages(kernel, mcmc, state, draws, name)
+            for check, label in ((_mode_offset_messages, "mode-offset check (4)"),
+                                 (_spread_messages, "spread-against-curvature check (5)")):
+                messages += _guarded(check, label, kernel, mcmc, state, draws, name)
     if warn:
         for message in messages:
             warnings.warn(message, UserWarning, stacklevel=find_stack_level())
     return messages
+
+
+def _guarded(check, label, kernel, mcmc, state, draws, name):
+    """``check(...)``'s messages, or, when it cannot run on this model or run (it raised, e.g. a
+    distribution's argument check at a draws' mean outside a dependent support such as
+    ``b ~ Uniform(0, a)``), one message naming the check and why it was skipped: ``check_run``
+    never raises on a run it cannot judge, and its other checks still run."""
+    try:
+        return check(kernel, mcmc, state, draws, name)
+    except Exception as err:  # noqa: BLE001 - any failure of a check is reported, not raised
+        reason = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+        return [f"{name}: check_run's {label} was skipped: it could not be evaluated on this model and run "
+                f"({reason}). The run is not judged by this check; compare with NUTS on a subset of the data, "
+                "or look at the draws' trace plots."]
 
 
 def _spread_messages(kernel, mcmc, state, draws, name):
@@ -911,6 +934,13 @@ def _mode_offset_messages(kernel, mcmc, state, draws, name):
             params = hyperparameters(state if np.ndim(state.i) == 0 else jax.tree.map(lambda v, c=c: v[c], state))
         g = np.asarray(_full_gradient(kernel, jnp.asarray(x.mean(0)), model_args, model_kwargs, params), np.float64)
         cov = np.cov(x, rowvar=False).reshape(x.shape[1], x.shape[1]) if x.shape[1] <= 2000 else None
+        if not np.all(np.isfinite(g)):
+            messages.append(
+                f"{name}: the full-data gradient at chain {c}'s mean is not finite, so its distance from the mode "
+                "cannot be measured: the mean of the draws lies where the model's density is zero or undefined "
+                "(e.g. outside a dependent support such as b ~ Uniform(0, a), or after rejected steps). Look at "
+                "the draws of each site; try init_params near the mode or a longer warmup (warmup_passes).")
+            continue
         offset = math.sqrt(max(float(g @ cov @ g) if cov is not None else float(np.sum(g**2 * x.var(0))), 0.0))
         if not offset <= MODE_OFFSET_MAX:
             messages.append(

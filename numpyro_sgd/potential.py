@@ -732,6 +732,20 @@ def _discover(model, model_args, model_kwargs, rng_key, init_strategy, kernel_na
         return traced.get_trace(*model_args, **model_kwargs), finder
     except NotImplementedError as e:  # pragma: no cover - unusual user distributions
         raise ValueError(f"{kernel_name}: could not trace the model: {e}") from e
+    except ValueError as e:
+        sizes = {p.subsample_size for p in finder.found.values()} | {p.size for p in finder.found.values()}
+        if not (str(e).startswith("Incompatible shapes for broadcasting") and finder.found
+                and any(str(n) in str(e) for n in sizes)):
+            raise
+        plates = ", ".join(f"'{p.name}' (N = {p.size}, subsample_size = {p.subsample_size})"
+                           for p in finder.found.values())
+        raise ValueError(
+            f"{kernel_name}: a site inside the subsample plate {plates} has a shape that does not broadcast with "
+            f"the plate's minibatch ({e}): the model uses all N rows of its data inside the plate instead of "
+            "the minibatch. Index every data array by the plate's indices: `with numpyro.plate('data', N, "
+            "subsample_size=S) as idx: numpyro.sample('obs', dist.Normal(X[idx] @ w, sigma), obs=y[idx])` "
+            "(or numpyro.subsample(y, event_dim=0))."
+        ) from e
 
 
 def _plates_to_promote(trace, full_plates, subsample_size, kernel_name):

@@ -284,3 +284,45 @@ def test_model_without_a_continuous_latent_is_refused():
 
     with pytest.raises(ValueError, match="no continuous latent sample site"):
         _init(SGLD(no_latent, step_size=1e-3), X, Y)
+
+
+# ---------------------------------------------------------------------------- issue 30: unclear errors
+def test_model_that_does_not_index_its_data_by_the_plate_names_the_plate():
+    # before: JAX's "Incompatible shapes for broadcasting: shapes=[(50,), (1000,)]", no plate named
+    def unindexed(X, Y):
+        w = numpyro.sample("w", dist.Normal(0, 1).expand([2]).to_event(1))
+        with numpyro.plate("data", X.shape[0], subsample_size=50):
+            numpyro.sample("y", dist.Normal(X @ w, 1.0), obs=Y)
+
+    with pytest.raises(ValueError, match=r"ConstantSGD: a site inside the subsample plate 'data' \(N = 1000, "
+                                         r"subsample_size = 50\).*Index every data array by the plate's indices"):
+        _init(ConstantSGD(unindexed), X, Y)
+
+
+MESH_PARALLEL = textwrap.dedent("""
+    import jax, numpy as np, numpyro, numpyro.distributions as dist
+    from jax.sharding import Mesh
+    from numpyro.infer import MCMC
+    from numpyro_sgd import ConstantSGD
+    X = np.random.default_rng(0).standard_normal(1000)
+    def model(X):
+        m = numpyro.sample("m", dist.Normal(0, 1))
+        with numpyro.plate("data", X.shape[0], subsample_size=50) as idx:
+            numpyro.sample("x", dist.Normal(m, 1.0), obs=X[idx])
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    mcmc = MCMC(ConstantSGD(model, mesh=mesh), num_warmup=20, num_samples=5, num_chains=2,
+                chain_method="parallel", progress_bar=False)
+    try:
+        mcmc.run(jax.random.key(0), jax.numpy.asarray(X))
+    except ValueError as e:
+        print("ValueError:", e)
+""")
+
+
+def test_mesh_with_parallel_chains_is_refused_with_the_fix():
+    # before: JAX's "Context mesh ... should match the mesh of sharding", pointing at the model's X[idx]
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", MESH_PARALLEL], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "ValueError: ConstantSGD: mesh= splits the data rows" in out.stdout, out.stdout[-2000:]
+    assert "chain_method='vectorized'" in out.stdout

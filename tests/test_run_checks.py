@@ -132,3 +132,43 @@ def test_progress_bar_final_line_shows_final_state(small_linreg, capfd, monkeypa
     last = capfd.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
     passes = float(mcmc.last_state.data_passes)
     assert f"{passes:.3g} passes" in last, (last, passes)
+
+
+def test_check_run_reports_a_check_it_cannot_evaluate_and_runs_the_others(small_linreg, monkeypatch):
+    """A gradient check that raises on some model (issue 30: NumPyro's argument check at a mean
+    outside a dependent support) is reported by name, not raised, and the other checks run."""
+    import numpyro_sgd.diagnostics as diagnostics
+
+    mcmc = _run(SGLD(small_linreg.model, step_size=1.0, steps_per_sample=1), small_linreg,
+                num_warmup=10, num_samples=50)
+
+    def fails(*args, **kwargs):
+        raise ValueError("Normal distribution got invalid loc parameter.")
+
+    monkeypatch.setattr(diagnostics, "_full_gradient", fails)
+    messages = check_run(mcmc, warn=False)
+    assert any("mode-offset check (4) was skipped" in m and "invalid loc parameter" in m for m in messages), messages
+    assert any("SG steps were rejected" in m for m in messages), messages  # check 1 still ran
+
+
+def test_check_run_on_a_dependent_support_model_returns_messages():
+    """b ~ Uniform(0, a): the support of b moves with a. The chain's draws of b's unconstrained
+    value run off to the edge and most steps are rejected; check_run must say so without raising."""
+    import numpyro
+    import numpyro.distributions as dist
+
+    y = np.random.default_rng(0).normal(2.0, 1.0, 2_000)
+
+    def model(y):
+        a = numpyro.sample("a", dist.Exponential(0.2))
+        b = numpyro.sample("b", dist.Uniform(0, a))
+        with numpyro.plate("data", y.shape[0], subsample_size=100) as idx:
+            numpyro.sample("obs", dist.Normal(b, 1.0, validate_args=True), obs=y[idx])
+
+    mcmc = MCMC(ConstantSGD(model, preconditioner="full"), num_warmup=200, num_samples=200, progress_bar=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        mcmc.run(jax.random.key(0), y)
+        messages = check_run(mcmc, warn=False)
+    assert messages and all(isinstance(m, str) and m.startswith("ConstantSGD: ") for m in messages)
+    assert not any(re.search(r"\b(nan|-?inf)\b", m) for m in messages), messages  # no bare non-finite numbers
