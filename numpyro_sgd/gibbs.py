@@ -72,13 +72,16 @@ class _WithoutLocScale:
     def __init__(self, config):
         self.config = config
 
+    def _lookup(self, msg):
+        return self.config.get(msg["name"]) if isinstance(self.config, dict) else self.config(msg)
+
     def loc_scale(self, msg):
         """The site's ``LocScaleReparam`` in the original config, or None."""
-        reparam = self.config.get(msg["name"]) if isinstance(self.config, dict) else self.config(msg)
+        reparam = self._lookup(msg)
         return reparam if isinstance(reparam, LocScaleReparam) else None
 
     def __call__(self, msg):
-        reparam = self.config.get(msg["name"]) if isinstance(self.config, dict) else self.config(msg)
+        reparam = self._lookup(msg)
         return None if isinstance(reparam, LocScaleReparam) else reparam
 
 
