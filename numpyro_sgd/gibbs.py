@@ -340,7 +340,7 @@ def sg_within_gibbs(inner, potential, hyper_names, target_accept_prob=0.8, max_t
     returned sample and every warmup iteration).
 
     The inner algorithm samples ``potential.restricted(z sites)`` and asks the driver's oracle
-    for its variant on it (:meth:`~numpyro_sgd.potential.MinibatchOracle.conditioned`), so a
+    for its variant on it (``MinibatchOracle.conditioned``), so a
     data-parallel oracle (``mesh=``) stays data-parallel.
 
     :param inner: ``potential -> SGAlgorithm``, the wrapped kernel's build

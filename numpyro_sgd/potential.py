@@ -857,7 +857,7 @@ class MinibatchOracle:
     def conditioned(self, potential, values):
         """The same oracle (model arguments, minibatch law, step; a subclass keeps its own layout,
         e.g. :class:`~numpyro_sgd.sharding.DataParallelOracle` its mesh) on ``potential``, a
-        :meth:`~numpyro_sgd.potential.SubsampledPotential.restricted` potential of the same model,
+        ``SubsampledPotential.restricted`` potential of the same model,
         with the sites it does not sample fixed at ``values`` (constrained; added to the
         ``numpyro.param`` values).
 
