@@ -225,8 +225,8 @@ def hyper_candidates(model, *model_args, **model_kwargs):
     hierarchical model or a horseshoe's global and local scales. ``LocScaleReparam`` sites are
     taken in their centred form (:class:`centre_loc_scale`, as :class:`SGWithinGibbs` samples
     them), so NumPyro's non-centred model ``reparam(model, config={...: LocScaleReparam(0)})`` has
-    the candidates of the centred one. A model non-centred by hand (``α = μ + σ α_raw`` in the likelihood) has none: μ and σ
-    enter the likelihood.
+    the candidates of the centred one. A model non-centred by hand (``α = μ + σ α_raw`` in the
+    likelihood) has none: μ and σ enter the likelihood.
 
     :param model: a NumPyro model with a subsample plate.
     :param model_args: its arguments (``model_kwargs`` as keywords).
