@@ -66,9 +66,11 @@ def centred(pid, weeks, fvc, num_patients, subsample_size=None, priors=PRIORS["r
         numpyro.sample("obs", dist.Normal(a[p] + b[p] * weeks[idx], sigma), obs=fvc[idx])
 
 
-def non_centred(pid, weeks, fvc, num_patients, subsample_size=None, priors=PRIORS["raw"]):
-    with numpyro.handlers.reparam(config={"a": LocScaleReparam(0), "b": LocScaleReparam(0)}):
-        centred(pid, weeks, fvc, num_patients, subsample_size, priors)
+def non_centred(priors=PRIORS["raw"]):
+    """The non-centred model: NumPyro's reparam handler *around* the centred one (SGWithinGibbs
+    samples its LocScaleReparam sites centred; a reparam block inside the model it refuses)."""
+    return numpyro.handlers.reparam(partial(centred, priors=priors),
+                                    config={"a": LocScaleReparam(0), "b": LocScaleReparam(0)})
 
 
 def simulate_osic(num_patients, rows, seed=0):
@@ -240,7 +242,7 @@ def main():
             priors = PRIORS["standardised"]
         print(f"OSIC-shaped: {args.patients} patients × {rows} rows = {fvc.shape[0]:,} rows, S = {S}")
         data = (pid, weeks, fvc, args.patients)
-        models = {"centred": partial(centred, priors=priors), "non-centred": partial(non_centred, priors=priors)}
+        models = {"centred": partial(centred, priors=priors), "non-centred": non_centred(priors)}
         args.scales, args.groups = ["mu_a", "sigma_a", "mu_b", "sigma_b"], ["a", "b"]
     elif args.problem == "logistic":
         rows, S = args.rows or 1000, args.subsample_size or 10_000

@@ -1,6 +1,6 @@
 """numpyro_sgd: scalable stochastic-gradient samplers for NumPyro models."""
 
-from .base import SGAlgorithm, SGKernel, SGState, StepInfo
+from .base import SGAlgorithm, SGKernel, SGState, SGWrapper, StepInfo
 from .constant_sgd import ConstantSGD, ConstantSGDState, constant_sgd
 from .diagnostics import (
     check_run,
@@ -65,6 +65,7 @@ __all__ = [
     "SGHMC",
     "SGHMCState",
     "SGKernel",
+    "SGWrapper",
     "SGLD",
     "SGLDState",
     "SGState",

@@ -60,7 +60,7 @@ from .potential import (
 from .sharding import DataParallelOracle, check_mesh
 from .validation import check_init_params, check_int, check_positive  # noqa: F401 - re-exported
 
-__all__ = ["SGState", "SGKernel", "SGAlgorithm", "StepInfo", "MinibatchOracle", "is_positive_scalar",
+__all__ = ["SGState", "SGKernel", "SGWrapper", "SGAlgorithm", "StepInfo", "MinibatchOracle", "is_positive_scalar",
            "pick_chain"]
 
 
@@ -73,6 +73,11 @@ class StepInfo(NamedTuple):
     num_grad_evals: jnp.ndarray
     #: ``{plate: indices}`` of the minibatch whose gradient moved θ
     indices: dict
+    #: whether θ moved on the gradient of the one minibatch ``indices``, drawn by the oracle's
+    #: law (a Python bool): a wrapper may then reuse that minibatch (VariationalEM's λ-step,
+    #: Mandt Eq. 26). False when the step drew several minibatches or chose one by its own rule
+    #: (EWSG's index chain).
+    one_minibatch: bool
 
 
 class SGAlgorithm(NamedTuple):
@@ -419,8 +424,8 @@ class SGKernel(MCMCKernel):
         self._data_checked = None  # the model arguments found finite where the likelihood reads them
 
     # ------------------------------------------------------------------ what a kernel provides
-    def _build(self, potential):
-        """The kernel's :class:`SGAlgorithm` for the traced model (override)."""
+    def _build(self, potential, adapt_steps_per_sample=True):
+        """The kernel's :class:`SGAlgorithm` for the traced model (override; see :meth:`build`)."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ public facts
@@ -489,10 +494,19 @@ class SGKernel(MCMCKernel):
                     subsample_size=self._subsample_size, warmup_passes=self._warmup_passes,
                     mesh=self._mesh, mesh_axis=self._mesh_axis)
 
-    def build(self, potential):
-        """The kernel's :class:`SGAlgorithm` for a traced model, as wrappers (SGWithinGibbs,
-        VariationalEM) compose it; the kernel's own driver calls ``_build``."""
-        return self._build(potential)
+    def build(self, potential, *, adapt_steps_per_sample=True):
+        """The kernel's :class:`SGAlgorithm` for a traced model: what the kernel's own driver runs,
+        and what a wrapper (SGWithinGibbs, VariationalEM) composes.
+
+        :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential` to sample.
+        :param bool adapt_steps_per_sample: whether the algorithm may choose the SG steps per
+            returned sample at the end of warmup (``SGAlgorithm.sample_steps``: ConstantSGD with
+            the full preconditioner measures its relaxation time, at the cost of a Hessian). The
+            driver passes False when the user fixed ``steps_per_sample``; a wrapper passes False,
+            since its own driver takes the steps per sample and it re-runs ``end_warmup`` as its
+            outer variables move. Kernels that never choose them ignore it.
+        """
+        return self._build(potential, adapt_steps_per_sample=adapt_steps_per_sample)
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -504,9 +518,14 @@ class SGKernel(MCMCKernel):
         state["_data_checked"] = None
         return state
 
+    def _own_algorithm(self, potential):
+        """The algorithm the driver runs: :meth:`build`, choosing the steps per sample unless the
+        user fixed them."""
+        return self.build(potential, adapt_steps_per_sample=self._steps_per_sample_option is None)
+
     def _get_algorithm(self):
         if self._algorithm is None:
-            self._algorithm = self._build(self.potential)
+            self._algorithm = self._own_algorithm(self.potential)
         return self._algorithm
 
     def algorithm(self, rng_key, *model_args, **model_kwargs):
@@ -551,7 +570,7 @@ class SGKernel(MCMCKernel):
             self._model, model_args, model_kwargs, rng_key=rng_key,
             init_strategy=self._init_strategy, kernel_name=type(self).__name__, subsample_size=self._subsample_size,
         )
-        self._algorithm = alg = self._build(self._potential)
+        self._algorithm = alg = self._own_algorithm(self._potential)
         if alg.window is not None:
             self._steps_per_sample = alg.window
         else:
@@ -661,7 +680,7 @@ class SGKernel(MCMCKernel):
         :class:`~numpyro_sgd.SGWithinGibbs` samples them exactly. Skipped for one latent site
         (no site can be another's parent) and for wrappers; costs one dependency trace."""
         if (getattr(self, "_hyper_warned", False) or len(self._potential.view.names) < 2
-                or hasattr(self, "inner_kernel")):
+                or isinstance(self, SGWrapper)):
             return
         self._hyper_warned = True
         from .gibbs import _classify, hyper_candidates
@@ -669,7 +688,11 @@ class SGKernel(MCMCKernel):
         candidates, form = _classify(self._potential, model_args, model_kwargs)[0], ""
         if not candidates and any(n.endswith("_decentered") for n in self._potential.view.names):
             # a LocScaleReparam(0) model: its group mean and scale are hyper sites of the centred form
-            candidates = hyper_candidates(self._model, *model_args, **model_kwargs)
+            # (a reparam inside the model cannot be centred: SGWithinGibbs says so when it is built)
+            try:
+                candidates = hyper_candidates(self._model, *model_args, **model_kwargs)
+            except ValueError:
+                candidates = []
             form = " once its LocScaleReparam sites are centred (as SGWithinGibbs samples them)"
         if candidates:
             name = type(self).__name__
@@ -1018,3 +1041,40 @@ class SGKernel(MCMCKernel):
                 stacklevel=find_stack_level(),
             )
         return n
+
+
+class SGWrapper(SGKernel):
+    """A kernel that runs another kernel's algorithm inside its own (:class:`~numpyro_sgd.SGWithinGibbs`,
+    :class:`~numpyro_sgd.VariationalEM`).
+
+    It samples ``model`` (the wrapped kernel's model, or a handler around it) with the wrapped
+    kernel's driver options overridden by ``options``, and uses only the wrapped kernel's public
+    :meth:`~SGKernel.build` and :attr:`~SGKernel.driver_options`. A wrapper cannot wrap another
+    wrapper.
+
+    :param str name: the wrapper's name in error messages.
+    :param SGKernel kernel: the wrapped kernel, built on the model.
+    :param model: the model the wrapper samples (default: ``kernel.subsampled_model``).
+    :param options: :class:`SGKernel` options overriding the wrapped kernel's.
+    """
+
+    def __init__(self, kernel, *, model=None, **options):
+        name = type(self).__name__
+        if not isinstance(kernel, SGKernel) or isinstance(kernel, SGWrapper):
+            raise TypeError(
+                f"{name}: `kernel` must be a numpyro_sgd sampling kernel built on the model, e.g. "
+                f"{name}(ConstantSGD(model)), not a wrapper (the numpyro_sgd kernels SGWithinGibbs and VariationalEM "
+                f"wrap one); got {type(kernel).__name__}."
+            )
+        super().__init__(kernel.subsampled_model if model is None else model, **{**kernel.driver_options, **options})
+        self._inner = kernel
+
+    @property
+    def inner_kernel(self):
+        """The wrapped kernel."""
+        return self._inner
+
+    def inner_algorithm(self, potential):
+        """The wrapped kernel's algorithm on ``potential``, as the bare kernel would run it except
+        that the wrapper's driver takes the steps per sample (:meth:`SGKernel.build`)."""
+        return self._inner.build(potential, adapt_steps_per_sample=False)

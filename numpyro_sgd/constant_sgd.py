@@ -147,9 +147,9 @@ def constant_sgd(potential, preconditioner="auto", *, step_size=None, momentum=1
             grad = grad + apply_preconditioner(state.injection, z)
         if momentum == 1.0:  # Eq. 15: θ ← θ − P ∇Û_S (the velocity is not carried; same numbers as μ = 1 in Eq. 27)
             return theta - apply_preconditioner(state.preconditioner, grad), state, StepInfo(pe, oracle.batch_size,
-                                                                                            indices)
+                                                                                            indices, True)
         theta, velocity = constant_sgd_step(theta, state.velocity, grad, state.preconditioner, state.momentum)
-        return theta, state._replace(velocity=velocity), StepInfo(pe, oracle.batch_size, indices)
+        return theta, state._replace(velocity=velocity), StepInfo(pe, oracle.batch_size, indices, True)
 
     # the KL-optimal chain forgets its start in about one data pass: P ≈ 2 (Q + A)⁻¹ with
     # Q ≈ (N/S) A gives P A ≈ (2S/N) I, an AR(1) with ρ = 1 − 2S/N whose integrated
@@ -278,15 +278,11 @@ class ConstantSGD(SGKernel):
                              momentum=float(momentum), discrete_time_correction=bool(discrete_time_correction),
                              prior_noise=bool(prior_noise))
 
-    def _build(self, potential):
+    def _build(self, potential, adapt_steps_per_sample=True):
+        # the relaxation time is measured only where the algorithm chooses the steps per sample
+        # (not for a user's steps_per_sample, nor inside a wrapper: see SGKernel.build)
         return constant_sgd(potential, **self._options, subsample=self._subsample,
-                            measure_relaxation=self._steps_per_sample_option is None, **self._warmup_options)
-
-    def build(self, potential):
-        # a wrapper's driver takes its own steps per sample (and SGWithinGibbs re-runs end_warmup
-        # after every φ update): no relaxation time is measured
-        return constant_sgd(potential, **self._options, subsample=self._subsample, measure_relaxation=False,
-                            **self._warmup_options)
+                            measure_relaxation=adapt_steps_per_sample, **self._warmup_options)
 
     def predicted_covariance(self, state, *model_args, at=None, chain=0, discrete=True, **model_kwargs):
         """Stationary covariance of the frozen chain predicted by the Lyapunov equation.

@@ -234,7 +234,7 @@ class _IndexChainKernel(SGKernel):
         """M, the Metropolis steps over minibatches per step."""
         return self._options["num_index_steps"]
 
-    def _build(self, potential):
+    def _build(self, potential, adapt_steps_per_sample=True):
         return self._builder(potential, **self._options)
 
 
@@ -282,7 +282,8 @@ def ewsg(potential, step_size=None, friction=None, num_index_steps=1, x_estimate
             rng_key, theta, state.momentum, lambda key: oracle.grad(key, theta), state.step_size, state.friction, m,
             x_estimate)
         state = count_index_moves(state._replace(momentum=momentum), accepted, m)
-        return theta, state, StepInfo(pe, (m + 1) * oracle.batch_size, indices)
+        # M = 0 (SGHMC): one uniform minibatch; M > 0: the index chain chose it among M + 1
+        return theta, state, StepInfo(pe, (m + 1) * oracle.batch_size, indices, m == 0)
 
     return with_default_underdamped_steps(SGAlgorithm(init, step, step, describe=describe_index_chain), potential,
                                           name, step_size, friction, target_inflation, subsample, warmup_options)
@@ -424,7 +425,8 @@ def overdamped_ewsg(potential, step_size=None, num_index_steps=1, *, target_infl
         theta, (pe, _, indices), accepted = overdamped_ewsg_update(
             rng_key, theta, lambda key: oracle.grad(key, theta), state.step_size, m,
             jnp.ones((), jnp.result_type(theta)))
-        return theta, count_index_moves(state, accepted, m), StepInfo(pe, (m + 1) * oracle.batch_size, indices)
+        info = StepInfo(pe, (m + 1) * oracle.batch_size, indices, m == 0)  # M = 0 (SGLD): one uniform minibatch
+        return theta, count_index_moves(state, accepted, m), info
 
     return with_default_overdamped_step(SGAlgorithm(init, step, step, describe=describe_index_chain), potential, name,
                                         step_size, target_inflation, subsample, warmup_options)
@@ -583,7 +585,7 @@ def ewsg_vr(potential, step_size, friction, num_index_steps=1, x_estimate="momen
             steps_since_calibration=jnp.where(calibrate, 1, state.steps_since_calibration + 1),
         ), accepted, m)
         evals = (m + 2) * s + jnp.where(calibrate, n, 0)
-        return new_theta, state, StepInfo(pe, evals, idx)
+        return new_theta, state, StepInfo(pe, evals, idx, False)
 
     return SGAlgorithm(init, step, step, describe=describe_index_chain)
 

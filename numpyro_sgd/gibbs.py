@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
+import numpyro.distributions as dist
 from jax import lax, random
 from numpyro import handlers
 from numpyro.infer.hmc_util import build_tree, dual_averaging, euclidean_kinetic_energy, velocity_verlet
@@ -44,8 +45,8 @@ from numpyro.infer.reparam import LocScaleReparam
 from numpyro.primitives import Messenger
 from numpyro.util import find_stack_level
 
-from .base import SGAlgorithm, SGKernel
-from .potential import MinibatchOracle, SubsampledPotential, _FlatView, as_jax_args
+from .base import SGAlgorithm, SGKernel, SGWrapper
+from .potential import SubsampledPotential, _FlatView, as_jax_args
 
 __all__ = ["SGWithinGibbs", "SGWithinGibbsState", "sg_within_gibbs", "hyper_candidates", "centre_loc_scale"]
 
@@ -64,19 +65,31 @@ MIN_ROWS_PER_GROUP = 10
 INITIAL_STEP_SIZE = 0.5
 
 
-#: NumPyro's own ``LocScaleReparam.__call__`` (restored when no centred model is running)
-_LOC_SCALE_CALL = LocScaleReparam.__call__
-#: the :class:`centre_loc_scale` handlers whose model is running (innermost last)
-_CENTRING = []
+class _WithoutLocScale:
+    """A ``handlers.reparam`` config with its :class:`LocScaleReparam` entries left out (the
+    sites keep their declared law); :meth:`loc_scale` says which they were."""
+
+    def __init__(self, config):
+        self.config = config
+
+    def _lookup(self, msg):
+        return self.config.get(msg["name"]) if isinstance(self.config, dict) else self.config(msg)
+
+    def loc_scale(self, msg):
+        """The site's ``LocScaleReparam`` in the original config, or None."""
+        reparam = self._lookup(msg)
+        return reparam if isinstance(reparam, LocScaleReparam) else None
+
+    def __call__(self, msg):
+        reparam = self._lookup(msg)
+        return None if isinstance(reparam, LocScaleReparam) else reparam
 
 
-def _keep_centred(reparam, name, fn, obs):
-    """Stands in for ``LocScaleReparam.__call__`` while a :class:`centre_loc_scale` model runs:
-    the site keeps its declared law x ~ fn (as ``LocScaleReparam(1)`` does), and the handler
-    records (c, loc, scale) to report the decentred value."""
-    base = reparam._unwrap(fn)[0]
-    _CENTRING[-1].decentering[name] = (reparam.centered, base.loc, base.scale)
-    return fn, obs
+def _loc_and_scale(fn):
+    """``(loc, scale)`` of a location-scale distribution, through ``expand`` and ``to_event``."""
+    while isinstance(fn, (dist.Independent, dist.ExpandedDistribution)):
+        fn = fn.base_dist
+    return fn.loc, fn.scale
 
 
 class centre_loc_scale(Messenger):
@@ -91,10 +104,15 @@ class centre_loc_scale(Messenger):
     the deterministic site ``"{name}_decentered"``, so the draws hold both names the user's model
     has. A learnable ``c`` (``LocScaleReparam(None)``) has no fixed x̃: only x is reported.
 
-    Works whether ``reparam`` wraps the model or is a ``with`` block inside it: while the model
-    runs, ``LocScaleReparam.__call__`` leaves the site's law unchanged.
+    ``fn`` is the model with NumPyro's ``reparam`` handler around it,
+    ``numpyro.handlers.reparam(model, config={...})`` (several may be nested): the handler is
+    rebuilt with the ``LocScaleReparam`` entries of its config left out, and the run's own
+    handler reports their decentred values; nothing of NumPyro is changed. A
+    ``LocScaleReparam`` applied by a ``with numpyro.handlers.reparam(...)`` block *inside* the
+    model acts before any outer handler sees the site, so it cannot be centred: it raises a
+    ``ValueError`` that says to move the ``reparam`` around the model.
 
-    :param fn: a NumPyro model.
+    :param fn: a NumPyro model, possibly wrapped in ``numpyro.handlers.reparam``.
 
     .. doctest::
 
@@ -103,35 +121,53 @@ class centre_loc_scale(Messenger):
         >>> from numpyro_sgd import centre_loc_scale
         >>> def model():
         ...     s = numpyro.sample("s", dist.HalfNormal(1.0))
-        ...     with numpyro.handlers.reparam(config={"x": LocScaleReparam(0)}):
-        ...         numpyro.sample("x", dist.Normal(0.0, s))
-        >>> tr = numpyro.handlers.trace(numpyro.handlers.seed(centre_loc_scale(model), 0)).get_trace()
+        ...     numpyro.sample("x", dist.Normal(0.0, s))
+        >>> non_centred = numpyro.handlers.reparam(model, config={"x": LocScaleReparam(0)})
+        >>> tr = numpyro.handlers.trace(numpyro.handlers.seed(centre_loc_scale(non_centred), 0)).get_trace()
         >>> tr["x"]["type"], tr["x_decentered"]["type"]
         ('sample', 'deterministic')
     """
 
     def __init__(self, fn=None):
+        configs = []
+        while isinstance(fn, handlers.reparam):
+            configs.append(_WithoutLocScale(fn.config))
+            fn = fn.fn
+        for config in reversed(configs):  # the same nesting, without the LocScaleReparam entries
+            fn = handlers.reparam(fn, config=config)
+        self.configs = tuple(configs)  # outermost first
+        self.decentered_samples = set()
         super().__init__(fn)
-        self.decentering = {}
 
     def __call__(self, *args, **kwargs):
-        self.decentering = {}  # nothing of an earlier (e.g. interrupted) trace is kept
-        _CENTRING.append(self)
-        LocScaleReparam.__call__ = _keep_centred
-        try:
-            return super().__call__(*args, **kwargs)
-        finally:
-            _CENTRING.pop()
-            if not _CENTRING:
-                LocScaleReparam.__call__ = _LOC_SCALE_CALL
+        self.decentered_samples = set()  # nothing of an earlier (e.g. interrupted) trace is kept
+        return super().__call__(*args, **kwargs)
+
+    def _loc_scale(self, msg):
+        for config in reversed(self.configs):  # the innermost handler acts first
+            reparam = config.loc_scale(msg)
+            if reparam is not None:
+                return reparam
+        return None
 
     def postprocess_message(self, msg):
         name = msg.get("name")
-        if msg["type"] != "sample" or msg.get("is_observed") or name not in self.decentering:
+        if msg["type"] == "deterministic" and f"{name}_decentered" in self.decentered_samples:
+            raise ValueError(
+                f"centre_loc_scale: site '{name}' is decentred by a LocScaleReparam in a `with "
+                "numpyro.handlers.reparam(...)` block inside the model, which acts before SGWithinGibbs can keep "
+                f"the site centred (its mean and scale would be parents of the data). Apply the reparam around "
+                f"the model instead: numpyro.handlers.reparam(model, config={{'{name}': LocScaleReparam(...)}})."
+            )
+        if msg["type"] != "sample" or msg.get("is_observed"):
             return
-        centered, loc, scale = self.decentering.pop(name)
-        if centered is None:
+        if name.endswith("_decentered"):
+            self.decentered_samples.add(name)
+        reparam = self._loc_scale(msg)
+        if reparam is None or reparam.centered is None:
             return
+        centered = reparam.centered
+        loc, scale = _loc_and_scale(msg["fn"])
         value = msg["value"]
         decentred = centered * loc + (value - loc) / jnp.power(scale, 1.0 - centered)
         numpyro.deterministic(f"{name}_decentered", jnp.broadcast_to(decentred, jnp.shape(value)))
@@ -188,9 +224,9 @@ def hyper_candidates(model, *model_args, **model_kwargs):
     children is an observed site in a subsample plate, e.g. the group mean and scale of a centred
     hierarchical model or a horseshoe's global and local scales. ``LocScaleReparam`` sites are
     taken in their centred form (:class:`centre_loc_scale`, as :class:`SGWithinGibbs` samples
-    them), so NumPyro's non-centred ``LocScaleReparam(0)`` model has the candidates of the centred
-    one. A model non-centred by hand (``α = μ + σ α_raw`` in the likelihood) has none: μ and σ
-    enter the likelihood.
+    them), so NumPyro's non-centred model ``reparam(model, config={...: LocScaleReparam(0)})`` has
+    the candidates of the centred one. A model non-centred by hand (``α = μ + σ α_raw`` in the
+    likelihood) has none: μ and σ enter the likelihood.
 
     :param model: a NumPyro model with a subsample plate.
     :param model_args: its arguments (``model_kwargs`` as keywords).
@@ -282,15 +318,19 @@ def _resolve_hyper_sites(requested, potential, model_args, model_kwargs, name, d
     return tuple(chosen)
 
 
-def _split_views(view, hyper_names):
-    """Index arrays of the hyper and of the other coordinates of the flat θ, and their views."""
+def _split_indices(view, hyper_names):
+    """Index arrays of the hyper and of the other coordinates of the flat θ, and the hyper view."""
     offsets = np.cumsum((0,) + view.sizes)
     hyper_idx, z_idx, shapes = [], [], dict(zip(view.names, view.shapes))
     for k, n in enumerate(view.names):
         (hyper_idx if n in hyper_names else z_idx).extend(range(offsets[k], offsets[k + 1]))
     hyper_view = _FlatView({n: np.zeros(shapes[n]) for n in hyper_names})
-    z_view = _FlatView({n: np.zeros(shapes[n]) for n in view.names if n not in hyper_names})
-    return np.asarray(hyper_idx, np.int32), np.asarray(z_idx, np.int32), hyper_view, z_view
+    return np.asarray(hyper_idx, np.int32), np.asarray(z_idx, np.int32), hyper_view
+
+
+def z_sites(potential, hyper_names):
+    """The latent sites the inner kernel samples: all but the hyper sites."""
+    return tuple(n for n in potential.view.names if n not in set(hyper_names))
 
 
 def sg_within_gibbs(inner, potential, hyper_names, target_accept_prob=0.8, max_tree_depth=8):
@@ -299,16 +339,18 @@ def sg_within_gibbs(inner, potential, hyper_names, target_accept_prob=0.8, max_t
     and one NUTS transition on φ's full conditional follows every block of SG steps (every
     returned sample and every warmup iteration).
 
-    :param inner: a callable ``z_potential -> SGAlgorithm`` (the inner kernel's ``build``).
+    The inner algorithm samples ``potential.restricted(z sites)`` and asks the driver's oracle
+    for its variant on it (``MinibatchOracle.conditioned``), so a
+    data-parallel oracle (``mesh=``) stays data-parallel.
+
+    :param inner: ``potential -> SGAlgorithm``, the wrapped kernel's build
+        (:meth:`~numpyro_sgd.SGWrapper.inner_algorithm`).
     :param potential: the full model's :class:`~numpyro_sgd.potential.SubsampledPotential`.
     :param tuple hyper_names: the hyper sites (validated by the caller).
-    :return: ``(SGAlgorithm, z_potential)``; the state is :class:`SGWithinGibbsState`.
+    :return: :class:`~numpyro_sgd.base.SGAlgorithm` with state :class:`SGWithinGibbsState`.
     """
-    hyper_idx, z_idx, hyper_view, z_view = _split_views(potential.view, set(hyper_names))
-    z_transforms = {k: t for k, t in potential.transforms.items() if k in z_view.names}
-    z_potential = SubsampledPotential(potential.model, potential.plates, z_view, potential.param_values,
-                                      potential.observed, potential.plate_deterministic, potential.kernel_name,
-                                      z_transforms, potential.param_constraints)
+    hyper_idx, z_idx, hyper_view = _split_indices(potential.view, set(hyper_names))
+    z_potential = potential.restricted(z_sites(potential, hyper_names))
     algorithm = inner(z_potential)
     da_init, da_update = dual_averaging()
 
@@ -321,16 +363,12 @@ def sg_within_gibbs(inner, potential, hyper_names, target_accept_prob=0.8, max_t
     def conditioned(oracle, theta):
         """The oracle of the z-potential with φ substituted (constrained) at its value in θ."""
         u = hyper_view.unravel(theta[hyper_idx])
-        values = {k: potential.transforms[k](v) for k, v in u.items()}
-        params = values if oracle.params is None else {**oracle.params, **values}
-        return MinibatchOracle(z_potential, oracle.model_args, oracle.model_kwargs, oracle.method, oracle.step,
-                               oracle.shuffle_key, params, oracle.num_warmup_steps)
+        return oracle.conditioned(z_potential, {k: potential.transforms[k](v) for k, v in u.items()})
 
     def hyper_potential(theta, oracle):
         """U_φ(φ) at fixed z: the full potential without its likelihood (no data)."""
         def pe(phi):
-            return potential.prior_potential(theta.at[hyper_idx].set(phi), oracle.model_args, oracle.model_kwargs,
-                                             oracle.params)
+            return oracle.prior_potential(theta.at[hyper_idx].set(phi))
         return pe
 
     def init(rng_key, theta, num_warmup_steps):
@@ -427,13 +465,12 @@ def sg_within_gibbs(inner, potential, hyper_names, target_accept_prob=0.8, max_t
         hyper += f", {div} φ divergences" if div else ""
         return f"{text}, {hyper}" if text else hyper
 
-    gibbs = SGAlgorithm(init, inner_step(algorithm.warmup_step), inner_step(algorithm.sample_step), end_warmup,
-                        window=algorithm.window, relaxation_steps=algorithm.relaxation_steps, end_block=end_block,
-                        describe=describe, iterates_are_samples=algorithm.iterates_are_samples)
-    return gibbs, z_potential
+    return SGAlgorithm(init, inner_step(algorithm.warmup_step), inner_step(algorithm.sample_step), end_warmup,
+                       window=algorithm.window, relaxation_steps=algorithm.relaxation_steps, end_block=end_block,
+                       describe=describe, iterates_are_samples=algorithm.iterates_are_samples)
 
 
-class SGWithinGibbs(SGKernel):
+class SGWithinGibbs(SGWrapper):
     """Stochastic gradients for the data-dependent latents, exact NUTS for the hyperparameters.
 
     **References:**
@@ -486,8 +523,10 @@ class SGWithinGibbs(SGKernel):
        the model's quantities is the same; the draws hold x and its decentred value
        ``"{x}_decentered"`` (a deterministic site here, a sample site under NUTS). With many rows
        per group the centred form is also the better-conditioned one (Papaspiliopoulos, Roberts &
-       Sköld 2007). A model non-centred by hand (``α = μ + σ α_raw`` inside the likelihood) has no
-       hyper site and is refused: write it centred or with ``LocScaleReparam``.
+       Sköld 2007). The ``reparam`` handler must wrap the model
+       (``numpyro.handlers.reparam(model, config=...)``); a ``with`` block inside the model is
+       refused with that fix. A model non-centred by hand (``α = μ + σ α_raw`` inside the
+       likelihood) has no hyper site and is refused: write it centred or with ``LocScaleReparam``.
 
     .. warning:: Each group needs about ``MIN_ROWS_PER_GROUP`` = 10 rows in a minibatch (S ≥ 10 ×
        the number of groups): with fewer, its gradient noise is far from Gaussian and the group sds
@@ -523,12 +562,9 @@ class SGWithinGibbs(SGKernel):
     """
 
     def __init__(self, kernel, *, hyper_sites=None, target_accept_prob=0.8, max_tree_depth=8, **kwargs):
-        if not isinstance(kernel, SGKernel) or isinstance(kernel, SGWithinGibbs) or hasattr(kernel, "hyperparameters"):
-            raise TypeError(
-                "SGWithinGibbs: `kernel` must be a numpyro_sgd sampling kernel built on the model, e.g. "
-                f"SGWithinGibbs(ConstantSGD(model)) (not a wrapper such as VariationalEM); got "
-                f"{type(kernel).__name__}."
-            )
+        # LocScaleReparam sites are sampled centred (their scale and mean become hyper sites)
+        model = centre_loc_scale(kernel.subsampled_model) if isinstance(kernel, SGKernel) else None
+        super().__init__(kernel, model=model, **kwargs)
         if isinstance(hyper_sites, str):
             hyper_sites = (hyper_sites,)
         if hyper_sites is not None and (not isinstance(hyper_sites, (list, tuple, set, frozenset))
@@ -542,19 +578,11 @@ class SGWithinGibbs(SGKernel):
         if isinstance(max_tree_depth, bool) or not isinstance(max_tree_depth, (int, np.integer)) or not (
                 1 <= max_tree_depth <= 15):
             raise ValueError(f"SGWithinGibbs: max_tree_depth must be an integer in [1, 15], got {max_tree_depth!r}.")
-        # LocScaleReparam sites are sampled centred (their scale and mean become hyper sites)
-        super().__init__(centre_loc_scale(kernel.subsampled_model), **{**kernel.driver_options, **kwargs})
-        self._inner = kernel
         self._hyper_option = None if hyper_sites is None else tuple(hyper_sites)
         self._nuts_options = dict(target_accept_prob=float(target_accept_prob), max_tree_depth=int(max_tree_depth))
         self._hyper_names = None
         self._setup_args = None
         self._z_potential = None
-
-    @property
-    def inner_kernel(self):
-        """The wrapped kernel."""
-        return self._inner
 
     @property
     def hyper_sites(self):
@@ -566,6 +594,8 @@ class SGWithinGibbs(SGKernel):
         """The :class:`~numpyro_sgd.potential.SubsampledPotential` the inner kernel samples (the
         non-hyper sites; the hyper sites are substituted)."""
         self._get_algorithm()
+        if self._z_potential is None:
+            self._z_potential = self.potential.restricted(z_sites(self.potential, self._hyper_names))
         return self._z_potential
 
     def _setup(self, rng_key, model_args, model_kwargs):
@@ -577,7 +607,7 @@ class SGWithinGibbs(SGKernel):
         finally:
             self._setup_args = None
 
-    def _build(self, potential):
+    def _build(self, potential, adapt_steps_per_sample=True):
         if self._hyper_names is None:
             model_args, model_kwargs = self._setup_args if self._setup_args is not None else self._run_args
             deps = _prior_dependencies(potential.model, model_args, model_kwargs)
@@ -595,8 +625,8 @@ class SGWithinGibbs(SGKernel):
                     "2.8 rows per group gave group sds up to 20× NUTS's; 11 gave all within 0.15 sd). Raise "
                     f"subsample_size to at least {MIN_ROWS_PER_GROUP * groups}, or use NUTS.", UserWarning,
                     stacklevel=find_stack_level())
-        algorithm, self._z_potential = sg_within_gibbs(self._inner.build, potential, self._hyper_names,
-                                                       **self._nuts_options)
+        self._z_potential = None
+        algorithm = sg_within_gibbs(self.inner_algorithm, potential, self._hyper_names, **self._nuts_options)
         if not algorithm.iterates_are_samples:
             raise ValueError(
                 f"SGWithinGibbs: {type(self._inner).__name__}'s returned draws are averages of its iterates, not "

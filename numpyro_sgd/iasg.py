@@ -231,7 +231,7 @@ def iasg(potential, step_size=None, window=None, preconditioner="auto", *, windo
         pe, grad, indices = oracle.grad(rng_key, theta)
         theta = theta - apply_preconditioner(state.preconditioner, grad)  # Alg. 1, SGD step
         state = state._replace(iterate_sum=state.iterate_sum + theta, num_averaged=state.num_averaged + 1)
-        return theta, state, StepInfo(pe, oracle.batch_size, indices)
+        return theta, state, StepInfo(pe, oracle.batch_size, indices, True)
 
     def start_block(theta, state):
         """A window starts from the last SGD iterate (θ, the sample field, holds the last average)."""
@@ -371,7 +371,7 @@ class IASG(SGKernel):
                              window_error=window_error, check_validity=bool(check_validity),
                              validity_warning=ValidityWarning("IASG", window_error, step_size is not None))
 
-    def _build(self, potential):
+    def _build(self, potential, adapt_steps_per_sample=True):
         return iasg(potential, **self._options, subsample=self._subsample, **self._warmup_options)
 
     # ------------------------------------------------------------------ theory

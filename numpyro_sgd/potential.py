@@ -287,6 +287,37 @@ class SubsampledPotential:
         self.param_constraints = {k: real for k in param_values} if param_constraints is None else param_constraints
         self._jaxprs = {}  # see _traced_once
 
+    def _replace(self, **changes):
+        """A new potential with some constructor fields changed (its traced programs are its own)."""
+        fields = dict(model=self.model, plates=self.plates, view=self.view, param_values=self.param_values,
+                      observed=self.observed, plate_deterministic=self.plate_deterministic,
+                      kernel_name=self.kernel_name, transforms=self.transforms,
+                      param_constraints=self.param_constraints)
+        return type(self)(**{**fields, **changes})
+
+    def restricted(self, names):
+        """The potential of the same model over the latent sites ``names`` only.
+
+        θ then holds those sites; every other latent site must be given, constrained, in the
+        ``params`` of each call (it is substituted into the model as a ``numpyro.param`` value
+        is), e.g. the hyperparameters φ that :class:`~numpyro_sgd.SGWithinGibbs` holds fixed
+        while its inner kernel moves z: Û_S(z; φ) is the model's potential with φ substituted.
+
+        :param names: latent site names (a subset of ``view.names``).
+        """
+        unknown = sorted(set(names) - set(self.view.names))
+        if unknown:
+            raise ValueError(f"{self.kernel_name}: restricted() names {unknown}, which are not latent sites "
+                             f"of the model (those are {list(self.view.names)}).")
+        shapes = dict(zip(self.view.names, self.view.shapes))
+        view = _FlatView({n: np.zeros(shapes[n]) for n in names})
+        return self._replace(view=view, transforms={k: t for k, t in self.transforms.items() if k in view.names})
+
+    def with_model(self, model):
+        """The same potential (sites, plates, layout of θ) evaluated on ``model``, a handler-wrapped
+        version of this potential's model that keeps its sites (e.g. one that rescales them)."""
+        return self._replace(model=model)
+
     def __getstate__(self):  # the traced programs are rebuilt on first use after unpickling
         state = dict(self.__dict__)
         state["_jaxprs"] = {}
@@ -824,10 +855,31 @@ class MinibatchOracle:
         self.shuffle_key = shuffle_key
         self.params = params
 
+    def _arguments(self):
+        """The constructor arguments of this oracle (a subclass adds its own)."""
+        return dict(potential=self.potential, model_args=self.model_args, model_kwargs=self.model_kwargs,
+                    method=self.method, step=self.step, shuffle_key=self.shuffle_key, params=self.params,
+                    num_warmup_steps=self.num_warmup_steps)
+
+    def _variant(self, **changes):
+        return type(self)(**{**self._arguments(), **changes})
+
     def with_params(self, params):
         """The same oracle with the ``numpyro.param`` sites set to ``params``."""
-        return MinibatchOracle(self.potential, self.model_args, self.model_kwargs, self.method, self.step,
-                               self.shuffle_key, params, self.num_warmup_steps)
+        return self._variant(params=params)
+
+    def conditioned(self, potential, values):
+        """The same oracle (model arguments, minibatch law, step; a subclass keeps its own layout,
+        e.g. :class:`~numpyro_sgd.sharding.DataParallelOracle` its mesh) on ``potential``, a
+        ``SubsampledPotential.restricted`` potential of the same model,
+        with the sites it does not sample fixed at ``values`` (constrained; added to the
+        ``numpyro.param`` values).
+
+        :param potential: the restricted potential.
+        :param dict values: ``{site: constrained value}`` for the sites left out of ``potential``.
+        """
+        params = dict(values) if self.params is None else {**self.params, **values}
+        return self._variant(potential=potential, params=params)
 
     @property
     def batch_size(self):
@@ -860,9 +912,13 @@ class MinibatchOracle:
         (:meth:`~numpyro_sgd.SubsampledPotential.per_example_grads`)."""
         return self.potential.per_example_grads(theta, indices, self.model_args, self.model_kwargs, self.params)
 
+    def prior_potential(self, theta):
+        """The potential without its likelihood terms (prior and Jacobians) at θ; reads no data."""
+        return self.potential.prior_potential(theta, self.model_args, self.model_kwargs, self.params)
+
     def prior_hessian(self, theta, diagonal=False):
         """Hessian of the potential without its likelihood terms (prior and Jacobians) at θ."""
-        h = jax.hessian(self.potential.prior_potential)(theta, self.model_args, self.model_kwargs, self.params)
+        h = jax.hessian(self.prior_potential)(theta)
         return jnp.diagonal(h) if diagonal else h
 
     def fixed_batch(self, rows=HESSIAN_ROWS):

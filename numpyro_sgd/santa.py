@@ -241,7 +241,8 @@ def santa_algorithm(potential, step_size=None, anneal=False, *, schedule=None, b
         # per-datum units: the average loss L = U/N at inverse temperature N β (exp(−Nβ L) = exp(−β U))
         delta, santa_state = santa_step(k_noise, grad / n, state.santa, state.step_size, beta * n, explore,
                                         decay=decay, damping=damping, num_data=1.0, scheme=scheme)
-        return theta + delta, state._replace(santa=santa_state, beta=beta), StepInfo(pe, oracle.batch_size, indices)
+        info = StepInfo(pe, oracle.batch_size, indices, True)
+        return theta + delta, state._replace(santa=santa_state, beta=beta), info
 
     def describe(state):
         phase = "explore" if (not anneal or int(state.santa.count) <= int(state.burnin)) else "refine"
@@ -375,7 +376,7 @@ class Santa(SGKernel):
                              scheme=scheme, thermostat_init=thermostat_init,
                              target_inflation=check_target_inflation("Santa", target_inflation), **warmup_options)
 
-    def _build(self, potential):
+    def _build(self, potential, adapt_steps_per_sample=True):
         return santa_algorithm(potential, **self._options, subsample=self._subsample)
 
 

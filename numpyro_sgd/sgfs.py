@@ -141,7 +141,7 @@ def sgfs(potential, preconditioner="auto", *, step_size=1.0, max_step=None, refr
         else:
             pe, grad = oracle.potential_and_grad(theta, indices)
         theta = sgfs_step(k_noise, theta, grad, state.factor, state.injected)  # θ − 2 M⁻¹ (∇Û_S + ξ)
-        return theta, state, StepInfo(pe, oracle.batch_size, indices)
+        return theta, state, StepInfo(pe, oracle.batch_size, indices, True)
 
     # 2 M⁻¹ A ≈ (2S/N) I as for ConstantSGD's optimum: an autocorrelation time of about one
     # data pass (longer where a step cap binds)
@@ -245,7 +245,7 @@ class SGFS(SGKernel):
         self._options = dict(preconditioner=preconditioner, step_size=1.0 if step_size is None else float(step_size),
                              max_step=max_step, refresh_every=refresh_every, online=bool(online))
 
-    def _build(self, potential):
+    def _build(self, potential, adapt_steps_per_sample=True):
         return sgfs(potential, **self._options, subsample=self._subsample, **self._warmup_options)
 
     def effective_preconditioner(self, state, chain=0):

@@ -58,7 +58,7 @@ def sghmc(potential, step_size=None, friction=None, *, target_inflation=TARGET_I
         theta, momentum, (pe, _, indices), _ = ewsg_update(rng_key, theta, state.momentum,
                                                            lambda key: oracle.grad(key, theta), state.step_size,
                                                            state.friction, num_index_steps=0)
-        return theta, state._replace(momentum=momentum), StepInfo(pe, oracle.batch_size, indices)
+        return theta, state._replace(momentum=momentum), StepInfo(pe, oracle.batch_size, indices, True)
 
     return with_default_underdamped_steps(SGAlgorithm(init, step, step), potential, name, step_size, friction,
                                           target_inflation, subsample, warmup_options)
@@ -130,5 +130,5 @@ class SGHMC(SGKernel):
                              target_inflation=check_target_inflation(name, target_inflation), name=name,
                              **warmup_options)
 
-    def _build(self, potential):
+    def _build(self, potential, adapt_steps_per_sample=True):
         return sghmc(potential, **self._options, subsample=self._subsample)

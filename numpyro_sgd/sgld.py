@@ -66,7 +66,7 @@ def sgld(potential, step_size=None, temperature=1.0, *, target_inflation=TARGET_
         # Welling & Teh Eq. 4 with a uniform minibatch: overdamped EWSG's step with M = 0
         theta, (pe, _, indices), _ = overdamped_ewsg_update(rng_key, theta, lambda key: oracle.grad(key, theta), eps,
                                                             0, state.temperature)
-        return theta, state._replace(last_step_size=eps), StepInfo(pe, oracle.batch_size, indices)
+        return theta, state._replace(last_step_size=eps), StepInfo(pe, oracle.batch_size, indices, True)
 
     return with_default_overdamped_step(
         SGAlgorithm(init, step, step, describe=lambda state: f"step size {float(state.last_step_size):.3g}"),
@@ -162,7 +162,7 @@ class SGLD(SGKernel):
         self._options = dict(target_inflation=check_target_inflation(name, target_inflation), name=name,
                              **warmup_options)
 
-    def _build(self, potential):
+    def _build(self, potential, adapt_steps_per_sample=True):
         return sgld(potential, self._step_size, self._temperature, subsample=self._subsample, **self._options)
 
 
@@ -217,7 +217,7 @@ def psgld(potential, step_size=None, decay=0.99, damping=1e-5, *, target_inflati
         theta, second = psgld_step(k_noise, theta, grad, state.second_moment, state.step_size, state.decay,
                                    state.damping, potential.num_data, state.started)
         return theta, state._replace(second_moment=second, started=jnp.array(True)), StepInfo(pe, oracle.batch_size,
-                                                                                             indices)
+                                                                                             indices, True)
 
     algorithm = SGAlgorithm(init, step, step)
     if step_size is not None:
@@ -296,5 +296,5 @@ class PSGLD(SGKernel):
                              damping=float(damping), target_inflation=check_target_inflation("PSGLD", target_inflation),
                              **warmup_options)
 
-    def _build(self, potential):
+    def _build(self, potential, adapt_steps_per_sample=True):
         return psgld(potential, **self._options, subsample=self._subsample)

@@ -87,14 +87,11 @@ class DataParallelOracle(MinibatchOracle):
         self.mesh, self.axis = mesh, axis
         (self.plate,) = potential.plates
         self.shards = mesh.shape[axis]
-        local = object.__new__(type(potential))
-        local.__dict__.update(potential.__dict__)
-        local.model = _GlobalScale(potential.model, {self.plate.name: self.plate.size})
-        self.local = local
+        self.local = potential.with_model(_GlobalScale(potential.model, {self.plate.name: self.plate.size}))
 
-    def with_params(self, params):
-        return DataParallelOracle(self.mesh, self.axis, self.potential, self.model_args, self.model_kwargs,
-                                  self.method, self.step, self.shuffle_key, params, self.num_warmup_steps)
+    def _arguments(self):
+        # with_params and conditioned keep the mesh, its axis and the sharded computation
+        return dict(super()._arguments(), mesh=self.mesh, axis=self.axis)
 
     # ------------------------------------------------------------------ layout
     def _specs(self, tree):

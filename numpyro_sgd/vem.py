@@ -25,7 +25,7 @@ from jax import lax, random
 from numpyro.distributions import biject_to
 from numpyro.util import find_stack_level
 
-from .base import SGAlgorithm, SGKernel
+from .base import SGAlgorithm, SGWrapper
 from .potential import _FlatView, _in_open_support
 from .schedules import robbins_monro
 from .validation import check_number, check_positive
@@ -53,22 +53,46 @@ class VariationalEMState(NamedTuple):
     num_hyper_rejected: jnp.ndarray
 
 
-def variational_em(inner, constrain, optimizer, in_support=None):
-    """Variational EM around an algorithm (Mandt et al. Eq. 26): the θ-steps of ``inner`` at λ_t,
-    then λ_{t+1} = λ_t + optimizer(∇_λ Û_S(θ_t; λ_t)) on the step's minibatch (``info.indices``).
+def _hyper_view(potential):
+    """Layout of the flat unconstrained λ: every ``numpyro.param`` site of ``potential``."""
+    constraints = potential.param_constraints
+    return _FlatView({k: biject_to(constraints[k]).inv(jnp.asarray(v)) for k, v in potential.param_values.items()})
 
-    A λ-step whose new λ is non-finite, or (``in_support``) whose constrained value leaves the
-    open support, or whose gradient is non-finite, is not taken: λ keeps its last value, the
+
+def constrain_hyper(potential, hyper):
+    """Flat unconstrained λ -> ``{param name: constrained value}`` for the params of ``potential``."""
+    unconstrained = _hyper_view(potential).unravel(hyper)
+    return {k: biject_to(potential.param_constraints[k])(v) for k, v in unconstrained.items()}
+
+
+def variational_em(inner, potential, optimizer):
+    """Variational EM around an algorithm (Mandt et al. Eq. 26): the θ-steps of ``inner`` at λ_t,
+    then λ_{t+1} = λ_t + optimizer(∇_λ Û_S(θ_t; λ_t)) on the step's minibatch (``info.indices``
+    when ``info.one_minibatch``, else a fresh one), where λ are the ``numpyro.param`` sites of
+    ``potential`` on their unconstrained scale, starting at the model's init values.
+
+    A λ-step whose new λ is non-finite, whose constrained value leaves the open support of its
+    constraint, or whose gradient is non-finite, is not taken: λ keeps its last value, the
     optimizer state advances (so a decreasing rate keeps decreasing; not after a non-finite
     gradient), and ``num_hyper_rejected`` counts it. O(dim λ) per step.
 
-    :param SGAlgorithm inner: the wrapped algorithm.
-    :param constrain: flat unconstrained λ -> ``{param name: value}``.
+    :param inner: ``potential -> SGAlgorithm``, the wrapped kernel's build
+        (:meth:`~numpyro_sgd.SGWrapper.inner_algorithm`).
+    :param potential: the model's :class:`~numpyro_sgd.potential.SubsampledPotential`.
     :param optimizer: optax ``GradientTransformation`` whose updates are added to λ.
-    :param in_support: flat unconstrained λ -> bool, whether every constrained value lies inside
-        the open support (default: only finiteness of λ is checked).
     :return: :class:`~numpyro_sgd.base.SGAlgorithm` with state :class:`VariationalEMState`.
     """
+    inner = inner(potential)
+    view = _hyper_view(potential)
+
+    def constrain(hyper):
+        return constrain_hyper(potential, hyper)
+
+    def in_support(hyper):
+        """Whether every constrained λ lies inside the open support of its constraint (O(dim λ))."""
+        unconstrained = view.unravel(hyper)
+        checks = [_in_open_support(biject_to(potential.param_constraints[k]), u) for k, u in unconstrained.items()]
+        return jnp.all(jnp.stack(checks))
 
     def at(oracle, state):
         return oracle.with_params(constrain(state.hyper))
@@ -79,9 +103,7 @@ def variational_em(inner, constrain, optimizer, in_support=None):
         finite_grad = jnp.all(jnp.isfinite(grad))
         updates, hyper_state = optimizer.update(grad, state.hyper_state, state.hyper)
         hyper = optax.apply_updates(state.hyper, updates)
-        ok = finite_grad & jnp.all(jnp.isfinite(hyper))
-        if in_support is not None:
-            ok = ok & in_support(hyper)
+        ok = finite_grad & jnp.all(jnp.isfinite(hyper)) & in_support(hyper)
         # a rejected λ-step keeps λ (the driver would reject the θ-step of a non-finite λ, and a
         # λ on the edge of its support, e.g. exp(log λ) = inf or 0.0, poisons every later step);
         # the optimizer state advances unless the gradient itself was non-finite
@@ -89,7 +111,9 @@ def variational_em(inner, constrain, optimizer, in_support=None):
         return state._replace(hyper=jnp.where(ok, hyper, state.hyper), hyper_state=hyper_state,
                               num_hyper_rejected=state.num_hyper_rejected + (~ok))
 
-    def init(rng_key, theta, num_warmup_steps, hyper):
+    def init(rng_key, theta, num_warmup_steps):
+        hyper = view.ravel({k: biject_to(potential.param_constraints[k]).inv(jnp.asarray(v, theta.dtype))
+                            for k, v in potential.param_values.items()}).astype(theta.dtype)
         return VariationalEMState(inner.init(rng_key, theta, num_warmup_steps), hyper, optimizer.init(hyper),
                                   jnp.zeros((), jnp.int32))
 
@@ -104,10 +128,9 @@ def variational_em(inner, constrain, optimizer, in_support=None):
         state = state._replace(inner=inner_state)
         if not inner.iterates_are_samples:
             return new_theta, state, info  # λ moves once per returned sample (end_block)
-        # Eq. 26: the θ-step's minibatch and θ_t when the step used one uniform minibatch; a step
-        # that used several (EWSG's index chain picks a non-uniform one) gets a fresh minibatch
-        one_minibatch = isinstance(info.num_grad_evals, int) and info.num_grad_evals == oracle.batch_size
-        indices = info.indices if one_minibatch else oracle.draw(random.fold_in(rng_key, 7))
+        # Eq. 26: the θ-step's minibatch and θ_t when the step used one minibatch of the oracle's
+        # law; a step that used several (EWSG's index chain picks a non-uniform one) gets a fresh one
+        indices = info.indices if info.one_minibatch else oracle.draw(random.fold_in(rng_key, 7))
         info = info._replace(num_grad_evals=info.num_grad_evals + oracle.batch_size)
         return new_theta, hyper_step(state, theta, indices, oracle), info
 
@@ -160,7 +183,7 @@ def variational_em(inner, constrain, optimizer, in_support=None):
                        iterates_are_samples=inner.iterates_are_samples)
 
 
-class VariationalEM(SGKernel):
+class VariationalEM(SGWrapper):
     """Empirical Bayes: fit the model's ``numpyro.param`` sites while ``kernel`` samples θ.
 
     **References:**
@@ -230,11 +253,7 @@ class VariationalEM(SGKernel):
     """
 
     def __init__(self, kernel, *, hyper_step_size=0.05, hyper_offset=100.0, hyper_power=0.6, hyper_optimizer=None):
-        if not isinstance(kernel, SGKernel) or isinstance(kernel, VariationalEM):
-            raise TypeError(
-                "VariationalEM: `kernel` must be a numpyro_sgd kernel built on the model, e.g. "
-                f"VariationalEM(ConstantSGD(model)); got {type(kernel).__name__}."
-            )
+        super().__init__(kernel)
         check_positive("VariationalEM", "hyper_step_size", hyper_step_size, "a positive float (ρ₀)")
         check_positive("VariationalEM", "hyper_offset", hyper_offset, "a positive float (t₀)")
         if not 0.5 < check_number("VariationalEM", "hyper_power", hyper_power) <= 1:
@@ -244,15 +263,8 @@ class VariationalEM(SGKernel):
             )
         if hyper_optimizer is not None and not isinstance(hyper_optimizer, optax.GradientTransformation):
             raise TypeError("VariationalEM: hyper_optimizer must be an optax GradientTransformation.")
-        super().__init__(kernel.subsampled_model, **kernel.driver_options)
-        self._inner = kernel
         self._rate = (float(hyper_step_size), float(hyper_offset), float(hyper_power))
         self._hyper_optimizer = hyper_optimizer
-
-    @property
-    def inner_kernel(self):
-        """The wrapped kernel."""
-        return self._inner
 
     def _optimizer(self):  # built on demand: optax transformations hold closures and do not pickle
         if self._hyper_optimizer is not None:
@@ -260,40 +272,14 @@ class VariationalEM(SGKernel):
         return optax.chain(optax.scale_by_adam(b1=0.0, b2=0.99),
                            optax.scale_by_schedule(lambda t: -robbins_monro_rate(*self._rate)(t)))
 
-    def _hyper_view(self, potential):
-        constraints = potential.param_constraints
-        unconstrained = {k: biject_to(constraints[k]).inv(jnp.asarray(v)) for k, v in potential.param_values.items()}
-        return _FlatView(unconstrained)
-
-    def _constrain(self, hyper, potential=None):
-        potential = self.potential if potential is None else potential
-        unconstrained = self._hyper_view(potential).unravel(hyper)
-        return {k: biject_to(potential.param_constraints[k])(v) for k, v in unconstrained.items()}
-
-    def _in_support(self, hyper, potential):
-        """Whether every constrained λ lies inside the open support of its constraint (O(dim λ))."""
-        unconstrained = self._hyper_view(potential).unravel(hyper)
-        checks = [_in_open_support(biject_to(potential.param_constraints[k]), u) for k, u in unconstrained.items()]
-        return jnp.all(jnp.stack(checks))
-
-    def _build(self, potential):
+    def _build(self, potential, adapt_steps_per_sample=True):
         if not potential.param_values:
             raise ValueError(
                 "VariationalEM: the model has no numpyro.param site to fit. Declare each hyperparameter "
                 "with numpyro.param(name, init_value, constraint=...) (e.g. a prior precision with "
                 "constraints.positive), or run the kernel without VariationalEM."
             )
-        algorithm = variational_em(self._inner.build(potential), lambda h: self._constrain(h, potential),
-                                   self._optimizer(), lambda h: self._in_support(h, potential))
-        view = self._hyper_view(potential)
-
-        def init(rng_key, theta, num_warmup_steps):
-            pv = potential.param_values
-            hyper = view.ravel({k: biject_to(potential.param_constraints[k]).inv(jnp.asarray(v, theta.dtype))
-                                for k, v in pv.items()}).astype(theta.dtype)
-            return algorithm.init(rng_key, theta, num_warmup_steps, hyper)
-
-        return algorithm._replace(init=init)
+        return variational_em(self.inner_algorithm, potential, self._optimizer())
 
     def hyperparameters(self, state_or_trace):
         """λ on the constrained scale, ``{param name: value}``.
@@ -334,5 +320,5 @@ class VariationalEM(SGKernel):
         hyper = jnp.asarray(state_or_trace)
         lead = hyper.shape[:-1]
         flat = hyper.reshape((-1, hyper.shape[-1]))
-        out = jax.vmap(self._constrain)(flat)
+        out = jax.vmap(lambda h: constrain_hyper(self.potential, h))(flat)
         return {k: v.reshape(lead + v.shape[1:]) for k, v in out.items()}

@@ -311,7 +311,7 @@ def noise_warmup(potential, full, name, noise_estimator=None, adam_fraction=0.4,
             direction = grad / (ws.second_moment + ws.prior_curvature)
         sgd_delta = -jnp.clip(2.0 * direction, -ws.max_step, ws.max_step)
         delta = jnp.where(step < ws.adam_steps, -lr * updates, sgd_delta)
-        return theta + delta, ws._replace(adam_state=adam_state), StepInfo(pe, oracle.batch_size, indices)
+        return theta + delta, ws._replace(adam_state=adam_state), StepInfo(pe, oracle.batch_size, indices, True)
 
     def final(ws, theta, oracle):
         return WarmupSummary(estimator.final(ws.noise_state), oracle.prior_hessian(theta, diagonal=not full))

@@ -38,7 +38,11 @@ def centred(g, y):
         numpyro.sample("y", dist.Normal(z[g[idx]], SIGMA), obs=y[idx])
 
 
-def non_centred_reparam(g, y):
+#: NumPyro's non-centred form of `centred`, with the reparam handler around the model
+non_centred_reparam = numpyro.handlers.reparam(centred, config={"z": LocScaleReparam(0)})
+
+
+def non_centred_inside(g, y):
     with numpyro.handlers.reparam(config={"z": LocScaleReparam(0)}):
         centred(g, y)
 
@@ -175,11 +179,13 @@ def test_loc_scale_reparam_model_is_sampled_centred(data, gibbs_run):
 def test_centre_loc_scale_partial_centring():
     """LocScaleReparam(c) with 0 < c < 1: x is sampled as declared and x̃ = c·μ + (x − μ)/σ^(1−c)
     (NumPyro's map inverted); outside the handler the site is decentred as NumPyro does it."""
-    def model():
+    def centred_model():
         mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
         sigma = numpyro.sample("sigma", dist.HalfNormal(1.0))
-        with numpyro.handlers.reparam(config={"x": LocScaleReparam(0.3)}), numpyro.plate("g", 3):
+        with numpyro.plate("g", 3):
             numpyro.sample("x", dist.Normal(mu, sigma))
+
+    model = numpyro.handlers.reparam(centred_model, config={"x": LocScaleReparam(0.3)})
 
     tr = numpyro.handlers.trace(numpyro.handlers.seed(centre_loc_scale(model), 1)).get_trace()
     assert tr["x"]["type"] == "sample" and tr["x_decentered"]["type"] == "deterministic"
@@ -187,6 +193,17 @@ def test_centre_loc_scale_partial_centring():
     np.testing.assert_allclose(tr["x_decentered"]["value"], 0.3 * mu + (x - mu) / sigma**0.7, rtol=1e-6)
     plain = numpyro.handlers.trace(numpyro.handlers.seed(model, 1)).get_trace()
     assert plain["x"]["type"] == "deterministic" and plain["x_decentered"]["type"] == "sample"
+
+
+def test_loc_scale_reparam_inside_the_model_is_refused(data):
+    """A LocScaleReparam in a `with reparam(...)` block inside the model decentres the site before
+    any outer handler sees it: SGWithinGibbs refuses it at init (before any compute) and says to
+    put the reparam around the model; hyper_candidates says the same."""
+    fix = r"site 'z' is decentred by a LocScaleReparam .* inside the model.*numpyro.handlers.reparam\(model, config="
+    with pytest.raises(ValueError, match=fix):
+        SGWithinGibbs(ConstantSGD(non_centred_inside)).init(jax.random.key(0), 10, None, data, {})
+    with pytest.raises(ValueError, match=fix):
+        hyper_candidates(non_centred_inside, *data)
 
 
 @pytest.mark.parametrize("model, expected", [
