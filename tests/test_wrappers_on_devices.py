@@ -80,7 +80,7 @@ SCRIPT = textwrap.dedent(r"""
         with numpyro.plate("data", X.shape[0], subsample_size=s) as i:
             numpyro.sample("t", dist.Normal(X[i] @ w, 1.0), obs=t[i])
 
-    for on_mesh in (False, True):
+    for on_mesh in (True,):  # one device: tests/test_vem.py checks the same band
         vem = VariationalEM(ConstantSGD(regression, preconditioner="full", steps_per_sample=10,
                                         mesh=mesh if on_mesh else None))
         args = (shard(X), shard(t)) if on_mesh else (X, t)
@@ -140,12 +140,12 @@ def test_sg_within_gibbs_on_two_devices_samples_as_on_one(wrapped_on_two_devices
 
 
 def test_variational_em_on_two_devices_finds_the_type2_value(wrapped_on_two_devices):
-    """λ of each chain, on one device and on the mesh, lies within 10 % of the exact type-II
-    maximum-likelihood precision (the per-chain band of tests/test_vem.py, whose Robbins–Monro
-    spread at the end of the run was measured at ±2 %)."""
+    """λ of each chain on the mesh lies within 10 % of the exact type-II maximum-likelihood
+    precision: the per-chain band that tests/test_vem.py checks on one device (whose
+    Robbins–Monro spread at the end of the run was measured at ±2 %)."""
     out = wrapped_on_two_devices
     target = out["type2"]
-    for on_mesh in (False, True):
+    for on_mesh in (True,):
         lam = np.asarray(out[f"vem_lam_{on_mesh}"])
         assert out[f"vem_rejected_{on_mesh}"] == 0, out
         assert lam.shape == (2,) and np.all(np.abs(lam / target - 1) < 0.1), (on_mesh, lam, target)
