@@ -830,18 +830,22 @@ def check_run(mcmc, *, gradient=True, warn=True):
     if num_draws >= 4:
         from numpyro.diagnostics import effective_sample_size, split_gelman_rubin
 
-        site, j, rhat = _worst(split_gelman_rubin, draws, np.argmax)
+        with np.errstate(all="ignore"):  # no variance or overflowing draws: said in words (_statistic)
+            site, j, rhat = _worst(split_gelman_rubin, draws, np.argmax)
+            ess_worst = _worst(effective_sample_size, draws, np.argmin)
         if not rhat <= RHAT_MAX:
             messages.append(
-                f"{name}: split R-hat {_statistic(rhat)} > {RHAT_MAX} for {_coordinate(draws, site, j)} (unconstrained): "
+                f"{name}: split R-hat {_statistic(rhat)} > {RHAT_MAX} for {_coordinate(draws, site, j)} "
+                "(unconstrained): "
                 "the chain drifts between the halves of the run, or the chains sit in different places, so "
                 "the draws are not yet from a stationary law and their means and sds are biased. Try a longer "
                 "warmup (warmup_passes), predictors rescaled to unit scale (warmup's first phase moves in absolute "
                 "units; keep warmup_newton=True, the default), or init_params near the mode." + _gibbs_hint(kernel))
-        site, j, ess = _worst(effective_sample_size, draws, np.argmin)
+        site, j, ess = ess_worst
         if not ess >= ESS_MIN:
             messages.append(
-                f"{name}: bulk ESS {_statistic(ess)} < {ESS_MIN:g} for {_coordinate(draws, site, j)} (unconstrained): the "
+                f"{name}: bulk ESS {_statistic(ess)} < {ESS_MIN:g} for {_coordinate(draws, site, j)} "
+                "(unconstrained): the "
                 "chain hardly moves in this direction (a direction the preconditioner leaves frozen, or a run "
                 "shorter than its relaxation time), so estimates along it are unreliable. Try "
                 "preconditioner='full', a longer run (num_samples, steps_per_sample), or rescaled predictors.")
@@ -861,7 +865,8 @@ def _guarded(check, label, kernel, mcmc, state, draws, name):
     ``b ~ Uniform(0, a)``), one message naming the check and why it was skipped: ``check_run``
     never raises on a run it cannot judge, and its other checks still run."""
     try:
-        return check(kernel, mcmc, state, draws, name)
+        with np.errstate(all="ignore"):  # non-finite values are reported in the messages
+            return check(kernel, mcmc, state, draws, name)
     except Exception as err:  # noqa: BLE001 - any failure of a check is reported, not raised
         reason = f"{type(err).__name__}: {err}".splitlines()[0][:300]
         return [f"{name}: check_run's {label} was skipped: it could not be evaluated on this model and run "
