@@ -101,6 +101,9 @@ class LooSubsample:
     #: observed site and plate
     var_name: str
     plate: str
+    #: the observed values of ``var_name`` at ``observations`` (what :func:`compare_loo` checks
+    #: the models were fitted to)
+    observed_values: np.ndarray | None = None
 
     def __str__(self):
         return (f"elpd_loo = {self.elpd_loo:.2f} (SE {self.se:.2f}, subsampling SE {self.subsampling_se:.2f}), "
@@ -209,6 +212,40 @@ def _validate_observations(num_observations, observations, n):
 
 
 # ---------------------------------------------------------------------------- streaming passes
+def _check_finite_draws(samples, batch_ndims):
+    """Refuse draws holding NaN or inf before any compute: PSIS-LOO of such a draw is NaN."""
+    for site, v in samples.items():
+        bad = ~np.isfinite(v.reshape(v.shape[:batch_ndims] + (-1,))).all(axis=-1)
+        if bad.any():
+            where = np.argwhere(bad)
+            label = "(chain, draw)" if batch_ndims == 2 else "draw"
+            shown = ", ".join(str(tuple(int(i) for i in w)) if batch_ndims == 2 else str(int(w[0])) for w in where[:5])
+            raise ValueError(
+                f"loo_subsample: the draws of '{site}' are not finite (NaN or inf) at {label} {shown}"
+                + (f" and {len(where) - 5} more" if len(where) > 5 else "")
+                + ": their log-likelihoods would make elpd_loo NaN. Drop those draws from samples= (a numpyro_sgd "
+                "run never returns non-finite draws: they come from elsewhere, e.g. a transformation of the draws)."
+            )
+
+
+def _observed_at(kernel, samples, args, kwargs, batch_ndims, plate, var_name, obs):
+    """The observed values of ``var_name`` at the data indices ``obs`` (one trace of the model)."""
+    from numpyro import handlers
+
+    from .potential import _SetPlateIndices, as_jax_args
+
+    args, kwargs = as_jax_args((args, kwargs))
+    potential = kernel.potential
+    first = {k: jnp.asarray(v.reshape((-1,) + v.shape[batch_ndims:])[0]) for k, v in samples.items()}
+    idx = {p.name: jnp.arange(min(p.subsample_size, p.size)) for p in potential.plates}
+    idx[plate.name] = jnp.asarray(obs)
+    model = kernel.subsampled_model
+    if potential.param_values:
+        model = handlers.substitute(model, data=potential.param_values)
+    model = handlers.seed(handlers.substitute(_SetPlateIndices(model, indices=idx), data=first), 0)
+    return np.asarray(handlers.trace(model).get_trace(*args, **kwargs)[var_name]["value"])
+
+
 def _unconstrained_draws(potential, samples, batch_ndims):
     """Flat unconstrained draws θ_s, shape (S, D)."""
     cols = []
@@ -379,6 +416,7 @@ def loo_subsample(run, samples=None, *, num_observations=400, observations=None,
     if posterior_correction not in (True, False):
         raise ValueError(f"loo_subsample: posterior_correction must be True or False, got {posterior_correction!r}.")
     kernel, samples, args, kwargs, batch_ndims = _resolve(run, samples, model_args, model_kwargs, batch_ndims)
+    _check_finite_draws(samples, batch_ndims)
     potential = kernel.potential
     var_name, plate = _target(potential, var_name)
     n = plate.size
@@ -457,6 +495,7 @@ def loo_subsample(run, samples=None, *, num_observations=400, observations=None,
         num_observations=m, num_data=n, num_draws=num_draws, approximation=approximation,
         posterior_correction=bool(posterior_correction), posterior_k=posterior_k, good_k=good_k,
         var_name=var_name, plate=plate.name,
+        observed_values=_observed_at(kernel, samples, args, kwargs, batch_ndims, plate, var_name, obs),
     )
 
 
@@ -498,6 +537,16 @@ def compare_loo(results):
                 f"{r.num_data}, m = {first.num_observations} vs {r.num_observations}); the SE of their "
                 "difference needs the same observations: call loo_subsample with the same rng_key and "
                 f"num_observations, or pass observations={names[0]}_result.observations."
+            )
+        a, b = first.observed_values, r.observed_values
+        if a is not None and b is not None and (a.shape != b.shape or not np.array_equal(a, b)):
+            j = int(np.argmax(a.reshape(-1) != b.reshape(-1))) if a.shape == b.shape else 0
+            raise ValueError(
+                f"compare_loo: {names[0]!r} and {name!r} were fitted to different data: the observed values of "
+                f"'{first.var_name}' at the shared subsample differ"
+                + (f" (first at data index {int(first.observations[j])}: {a.reshape(-1)[j]!r} vs {b.reshape(-1)[j]!r})"
+                   if a.shape == b.shape else f" (shapes {a.shape} vs {b.shape})")
+                + ". elpd_loo of different responses are not comparable; compare models fitted to the same y."
             )
     order = sorted(names, key=lambda k: -results[k].elpd_loo)
     best = results[order[0]]

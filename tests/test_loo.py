@@ -253,3 +253,34 @@ def test_bad_input_raises_before_compute(run, monkeypatch, kwargs, match):
     monkeypatch.setattr(loo, "log_likelihood_chunks", fail)
     with pytest.raises(ValueError, match=match):
         loo_subsample(run, **kwargs)
+
+
+def test_non_finite_draws_are_named_before_compute(run, monkeypatch):
+    """Issue 30: one NaN draw made elpd NaN with a Pareto-k warning that named no draw."""
+    def fail(*a, **k):
+        raise AssertionError("computed before validating")
+
+    samples = {k: np.array(v) for k, v in run.get_samples(group_by_chain=True).items()}
+    samples["mu"][1, 7] = np.nan
+    samples["sigma"][0, 3] = np.inf
+    monkeypatch.setattr(loo, "log_likelihood_chunks", fail)
+    with pytest.raises(ValueError, match=r"draws of 'mu' are not finite \(NaN or inf\) at \(chain, draw\) \(1, 7\)"):
+        loo_subsample(run.sampler, samples, model_args=(Y_SMALL,))
+
+
+def test_compare_loo_refuses_runs_fitted_to_different_responses():
+    """Issue 30: two fits of the same model to responses of the same length were ranked as if
+    the data were the same. The observed values at the shared subsample tell them apart."""
+    n = 2_000
+    kernel, samples, args = problem(n, 3, seed=5)
+    other_y = args[1] + 1.0
+    other = SGLD(linreg, step_size=1e-5)
+    other.init(jax.random.key(0), 0, None, (args[0], other_y), {})
+    a = loo_subsample(kernel, samples, model_args=args, posterior_correction=False)
+    b = loo_subsample(other, samples, model_args=(args[0], other_y), posterior_correction=False)
+    np.testing.assert_array_equal(a.observed_values, np.asarray(args[1])[a.observations])
+    with pytest.raises(ValueError, match=r"'a' and 'b' were fitted to different data: the observed values of 'y' "
+                                         r"at the shared subsample differ \(first at data index"):
+        compare_loo({"a": a, "b": b})
+    same = loo_subsample(kernel, samples, model_args=args, posterior_correction=False, rng_key=jax.random.key(0))
+    assert list(compare_loo({"a": a, "same": same}).index)  # same data, same subsample: compared
