@@ -51,9 +51,9 @@ from numpyro.util import find_stack_level, is_prng_key
 
 from .potential import (
     SUBSAMPLE_METHODS,
+    AllRows,
     MinibatchOracle,
     SubsampledPotential,
-    _SetPlateIndices,
     _split_arrays,
     as_jax_args,
 )
@@ -437,11 +437,13 @@ class SGKernel(MCMCKernel):
         all of its N indices, so ``az.from_numpyro(mcmc)`` and
         ``numpyro.infer.log_likelihood(kernel.model, samples, *args)`` evaluate the full data
         (the pointwise log-likelihood has N columns) instead of failing on a plate that has no
-        random key. The kernel itself samples the user's model (:attr:`subsampled_model`).
+        random key. N is the size the plate declares with the arguments it is called with, so a run
+        exported after the kernel was re-initialised on other data still gets its own N columns.
+        The kernel itself samples the user's model (:attr:`subsampled_model`).
         """
         if self._potential is None:
             return self._model
-        return _SetPlateIndices(self._model, indices=self._potential.full_indices())
+        return AllRows(self._model)
 
     @property
     def subsampled_model(self):

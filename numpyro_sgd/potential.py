@@ -121,6 +121,21 @@ class PlateInfo(NamedTuple):
     subsample_size: int
 
 
+class AllRows(Messenger):
+    """Every subsample plate of the model set to all of its rows, at the size the plate declares
+    in this call (``numpyro.plate(name, N, subsample_size=S)`` gets the indices ``arange(N)`` of
+    this call's N), so the model evaluates the full data it is given, whatever data an earlier
+    ``init`` traced."""
+
+    def process_message(self, msg):
+        if msg["type"] != "plate":
+            return
+        size, subsample_size = msg["args"]
+        if subsample_size is not None and subsample_size != size:
+            msg["value"] = jnp.arange(size)
+            msg["args"] = (size, size)
+
+
 class _SetPlateIndices(Messenger):
     """Substitute indices into subsample plates and keep NumPyro's N/len(idx) scaling.
 

@@ -195,3 +195,28 @@ def test_compare_site_names_and_reference_without_chains():
     np.testing.assert_array_equal(flat.to_numpy(), chained.to_numpy())
     with pytest.raises(ValueError, match=r"compare: the reference's site 'w' has shape \(100, 3\)"):
         compare({"a": REF}, {"w": np.zeros((100, 3))})
+
+
+def test_arviz_from_numpyro_of_a_run_exports_its_own_rows_after_the_kernel_is_reused():
+    """Issue 30: a kernel object used by a second run on data of another size; ArviZ's own
+    ``from_numpyro`` of the first run evaluated the plate at the second run's N (the kernel's
+    ``model`` fixed the plate's indices at the last init). The plate now takes all the rows of
+    the data it is called with."""
+    import arviz as az
+
+    def normal(y):
+        mu = numpyro.sample("mu", dist.Normal(0, 10))
+        with numpyro.plate("data", y.shape[0], subsample_size=20) as idx:
+            numpyro.sample("obs", dist.Normal(mu, 1.0), obs=y[idx])
+
+    kernel = SGLD(normal, step_size=1e-4)
+    runs = []
+    for n in (300, 500):
+        mcmc = MCMC(kernel, num_warmup=10, num_samples=20, progress_bar=False)
+        y = jnp.asarray(np.random.default_rng(n).normal(size=n))
+        mcmc.run(jax.random.key(0), y)
+        runs.append((mcmc, y))
+    for mcmc, y in runs:
+        loglik = np.asarray(az.from_numpyro(mcmc, log_likelihood=True)["log_likelihood"]["obs"])
+        mu = np.asarray(mcmc.get_samples()["mu"])
+        np.testing.assert_allclose(loglik[0], np.asarray(dist.Normal(mu[:, None], 1.0).log_prob(y)), rtol=1e-12)
