@@ -326,3 +326,15 @@ def test_mesh_with_parallel_chains_is_refused_with_the_fix():
     assert out.returncode == 0, out.stderr[-2000:]
     assert "ValueError: ConstantSGD: mesh= splits the data rows" in out.stdout, out.stdout[-2000:]
     assert "chain_method='vectorized'" in out.stdout
+
+
+def test_model_without_any_plate_and_a_kernel_subsample_size_is_refused_at_once():
+    # issue 30: NumPyro's divorce regression as written (no plate at all) with subsample_size=1000
+    # ran for minutes without output in an earlier version
+    def no_plate(X, Y):
+        w = numpyro.sample("w", dist.Normal(0, 1).expand([2]).to_event(1))
+        numpyro.sample("y", dist.Normal(X @ w, 1.0), obs=Y)
+
+    with pytest.raises(ValueError, match=r"ConstantSGD: no plate of the model subsamples, and subsample_size=500 does "
+                                         r"not say which to subsample: the plates holding observed sites are none"):
+        _init(ConstantSGD(no_plate, preconditioner="full", subsample_size=500), X, Y)
