@@ -51,10 +51,10 @@ from jax import lax
 from jax.scipy.linalg import cho_solve
 from numpyro.util import find_stack_level
 
-from .base import StepInfo
 from .noise import NOISE_ESTIMATORS, NoiseState, fisher_curvature, psd_part, resolve_preconditioner, sampling_noise
 from .noise import noise_estimator as make_noise_estimator
 from .potential import grad_and_hessian
+from .protocol import StepInfo
 from .validation import check_number
 
 __all__ = ["WarmupState", "WarmupSummary", "NoiseWarmup", "noise_warmup", "WARMUP_DEFAULTS", "check_warmup_options",
