@@ -39,7 +39,6 @@ from __future__ import annotations
 import math
 import sys
 import warnings
-from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -49,6 +48,18 @@ from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import find_stack_level, is_prng_key
 
+from .checks import (  # noqa: F401 - the constants are re-exported
+    CONSTANT_DATA_WARN_BYTES,
+    FULL_DATA_CHECK_MIN_N,
+    RELAXATION_WARN_FACTOR,
+    TINY_N,
+    check_data,
+    check_problem_size,
+    warn_constant_data,
+    warn_full_data_steps,
+    warn_hyper_candidates,
+    warn_short_blocks,
+)
 from .potential import (
     SUBSAMPLE_METHODS,
     AllRows,
@@ -57,107 +68,12 @@ from .potential import (
     _split_arrays,
     as_jax_args,
 )
+from .protocol import SGAlgorithm, SGState, StepInfo
 from .sharding import DataParallelOracle, check_mesh
 from .validation import check_init_params, check_int, check_positive  # noqa: F401 - re-exported
 
 __all__ = ["SGState", "SGKernel", "SGWrapper", "SGAlgorithm", "StepInfo", "MinibatchOracle", "is_positive_scalar",
            "pick_chain"]
-
-
-class StepInfo(NamedTuple):
-    """What one algorithm step reports besides its new position and state."""
-
-    #: minibatch potential Û_S at the point where the gradient was taken
-    potential_energy: jnp.ndarray
-    #: per-datum gradient evaluations the step used (data-pass accounting)
-    num_grad_evals: jnp.ndarray
-    #: ``{plate: indices}`` of the minibatch whose gradient moved θ
-    indices: dict
-    #: whether θ moved on the gradient of the one minibatch ``indices``, drawn by the oracle's
-    #: law (a Python bool): a wrapper may then reuse that minibatch (VariationalEM's λ-step,
-    #: Mandt Eq. 26). False when the step drew several minibatches or chose one by its own rule
-    #: (EWSG's index chain).
-    one_minibatch: bool
-
-
-class SGAlgorithm(NamedTuple):
-    """A stochastic-gradient algorithm as pure per-chain functions (see the module docstring)."""
-
-    init: Callable
-    warmup_step: Callable
-    sample_step: Callable
-    #: ``(theta, state, oracle) -> state``: freeze what warmup adapted (None: nothing is adapted)
-    end_warmup: Optional[Callable] = None
-    #: SG steps per returned sample if the algorithm fixes it (IASG's window); None: the driver's
-    window: Optional[int] = None
-    #: SG steps in which the sampled chain forgets where it was (about N/S for the KL-optimal
-    #: kernels), the driver's default ``steps_per_sample``; None: unknown (default 1)
-    relaxation_steps: Optional[int] = None
-    #: ``state -> int32``: the steps per returned sample the algorithm chose at the end of warmup
-    #: (at least ``relaxation_steps``; ConstantSGD-full measures its relaxation time), used
-    #: when the user gives no ``steps_per_sample``; None: ``relaxation_steps``
-    sample_steps: Optional[Callable] = None
-    #: ``(theta, state) -> (theta, state)`` before the steps of one returned sample
-    start_block: Optional[Callable] = None
-    #: ``(rng_key, theta, state, oracle, sampling) -> (rng_key, theta, state, num_grad_evals)``
-    #: after them: the returned θ (IASG: the window's average) and state; ``sampling`` tells if
-    #: the block was a sampling block; an ``end_block`` that draws random numbers splits
-    #: ``rng_key`` and returns the key to continue with
-    end_block: Optional[Callable] = None
-    #: ``state -> str``: kernel-specific progress-bar text
-    describe: Optional[Callable] = None
-    #: whether every SG iterate is a draw of the sampled law (False for IASG, whose draws are
-    #: window averages); wrappers that need posterior draws (VariationalEM) read it
-    iterates_are_samples: bool = True
-
-
-class SGState(NamedTuple):
-    """State of every stochastic-gradient kernel of this package (one chain).
-
-    With ``chain_method="vectorized"`` every field gains a leading chain dimension.
-    """
-
-    #: number of SG steps taken (warmup included); with ``steps_per_sample=k`` a returned sample
-    #: advances it by k
-    i: jnp.ndarray
-    #: dict of unconstrained latent values (the MCMC sample field)
-    z: dict
-    #: minibatch potential Û_S at the point where the last gradient was taken
-    potential_energy: jnp.ndarray
-    #: completed passes over the data (per-datum gradient evaluations // N)
-    data_passes_done: jnp.ndarray
-    #: per-datum gradient evaluations in the current pass (remainder, < N)
-    grad_evals_in_pass: jnp.ndarray
-    #: N = Σ over subsample plates of the plate size (a data pass is N per-datum gradients)
-    num_data: jnp.ndarray
-    #: number of SG steps rejected because the potential, gradient or new state was non-finite
-    num_divergences: jnp.ndarray
-    #: the first rejected SG step (-1 if none)
-    first_divergence: jnp.ndarray
-    #: whether a step since the previous returned sample was rejected
-    diverging: jnp.ndarray
-    #: number of warmup SG steps (``num_warmup`` × the warmup steps per iteration, see
-    #: :class:`SGKernel`'s ``warmup_passes``)
-    num_warmup_steps: jnp.ndarray
-    #: key of the warmup shuffling permutation (``warmup_subsample="shuffle"``)
-    shuffle_key: jnp.ndarray
-    #: the algorithm's own state (step sizes, preconditioner, momentum, warmup estimators, ...)
-    kernel_state: NamedTuple
-    rng_key: jnp.ndarray
-    #: MCMC iterations still to pass through unchanged: warmup runs inside :meth:`SGKernel.init`
-    #: (its own compiled program), so NumPyro's ``num_warmup`` warmup iterations return the
-    #: post-warmup state as it is (0 once they are done, and for a burn-in-only warmup)
-    idle_iterations: jnp.ndarray
-
-    @property
-    def data_passes(self):
-        """Data passes so far: per-datum gradient evaluations / N (exact, no int overflow)."""
-        return self.data_passes_done + self.grad_evals_in_pass / self.num_data
-
-    @property
-    def num_grad_evals(self):
-        """Per-datum gradient evaluations so far (as a float, to avoid int32 overflow)."""
-        return self.data_passes_done * 1.0 * self.num_data + self.grad_evals_in_pass
 
 
 def is_positive_scalar(value):
@@ -188,36 +104,9 @@ def _python_scalars(model_args, model_kwargs):
             {k: v for k, v in model_kwargs.items() if isinstance(v, scalar)})
 
 
-#: model arguments larger than this, closed over by the compiled loop, get a warning (32 MiB)
-CONSTANT_DATA_WARN_BYTES = 32 * 2**20
-
 #: warmup budget in data passes when the kernel chooses ``steps_per_sample`` (the noise warmup
 #: needs 10–20 passes on the problems of the tests and examples; see the README, "Speed")
 DEFAULT_WARMUP_PASSES = 20
-
-#: an explicit ``steps_per_sample`` below relaxation time / this factor warns at ``init``
-RELAXATION_WARN_FACTOR = 10
-
-#: ``init`` warns for a subsample plate with fewer rows than this (not a stochastic-gradient problem)
-TINY_N = 100
-
-#: ``init`` checks that a minibatch gradient's cost shrinks with S for N at least this large
-#: (:meth:`~numpyro_sgd.potential.SubsampledPotential.fixed_step_cost`; below, a pass is cheap)
-FULL_DATA_CHECK_MIN_N = 10_000
-
-
-def _all_finite(array, rows=1_000_000):
-    """Whether an array argument has no NaN/inf (integer arrays: True), without a full copy."""
-    if not jnp.issubdtype(array.dtype, jnp.inexact):
-        return True
-    if isinstance(array, np.ndarray):
-        flat = array.reshape(array.shape[0], -1) if array.ndim else array.reshape(1, 1)
-        return all(np.isfinite(flat[i:i + rows]).all() for i in range(0, flat.shape[0], rows))
-    return bool(_jit_all_finite(array))
-
-
-_jit_all_finite = jax.jit(lambda a: jnp.all(jnp.isfinite(a)))
-
 
 #: XLA options that make XLA:CPU compile a program several times faster. The legacy loop
 #: emitters (``xla_cpu_use_fusion_emitters=False``) compile a fusion faster than the MLIR fusion
@@ -249,32 +138,6 @@ def _quick_compile_options(program):
             options[name] = value
     return options or None
 
-
-def _warn_constant_data(name, model_args, model_kwargs):
-    """Warn (at trace time) when large data would be compiled into the program as constants.
-
-    With NumPyro's default ``MCMC(..., jit_model_args=False)`` the model arguments are closed
-    over by the compiled loop: XLA embeds them in the executable and constant-folds what it
-    can, so compile time grows with the data (measured: +1.3 s per ``MCMC.run`` at 40 MB,
-    N = 10⁶ × 10 floats) and the data are held twice. ``jit_model_args=True`` passes them as
-    arguments (Python scalars such as a ``subsample_size`` argument stay static).
-    """
-    arrays = [x for x in jax.tree.leaves((model_args, model_kwargs)) if isinstance(x, (jax.Array, np.ndarray))]
-    sharded = [x for x in arrays if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
-               and len(x.sharding.device_set) > 1 and not x.sharding.is_fully_replicated]
-    if sharded:
-        warnings.warn(
-            f"{name}: model arguments sharded over {len(sharded[0].sharding.device_set)} devices are compiled "
-            "into the sampling loop as constants (NumPyro's default jit_model_args=False): XLA replicates them "
-            "on every device and the sharding is lost. Pass MCMC(..., jit_model_args=True) so that each device "
-            "keeps its own rows.", stacklevel=find_stack_level())
-    size = sum(x.nbytes for x in arrays if not isinstance(x, jax.core.Tracer))
-    if size > CONSTANT_DATA_WARN_BYTES:
-        warnings.warn(
-            f"{name}: {size / 2**20:.0f} MB of model arguments are compiled into the sampling loop as "
-            "constants (NumPyro's default jit_model_args=False), which makes every compilation slower "
-            "and holds the data twice. Pass MCMC(..., jit_model_args=True) to give them to the loop as "
-            "arguments.", stacklevel=find_stack_level())
 
 
 def _count_grad_evals(state, evals):
@@ -622,132 +485,6 @@ class SGKernel(MCMCKernel):
         total = math.ceil(passes * self._potential.steps_per_pass)
         return max(1, math.ceil(total / num_warmup))
 
-    def _warn_full_data_steps(self, model_args, model_kwargs):
-        """Warn when every minibatch gradient does O(N) work (checked once per model arguments)."""
-        potential = self._potential
-        n, s = potential.num_data, potential.batch_size
-        key = _split_arrays(model_args, model_kwargs)[2]
-        if n < FULL_DATA_CHECK_MIN_N or self._cost_checked == key:
-            return
-        self._cost_checked = key
-        fixed = potential.fixed_step_cost(model_args, model_kwargs)
-        if fixed is None or fixed < max(0.1 * n, 10 * s):
-            return
-        warnings.warn(
-            f"{type(self).__name__}: every minibatch gradient does work that does not shrink with S, about "
-            f"{fixed:,.0f} data points' worth (N = {n:,}, S = {s:,}), so each SG step costs about "
-            f"{fixed / n:.0%} of a full-data pass. The usual cause is a quantity computed from all N rows "
-            "outside the plate and indexed inside it (mu = X @ w; ... mu[idx]); compute it from the "
-            "minibatch inside the plate instead (X[idx] @ w).",
-            UserWarning, stacklevel=find_stack_level(),
-        )
-
-    def _check_data(self, state, vectorized, model_args, model_kwargs):
-        """Raise if the likelihood reads non-finite data (checked once per model arguments).
-
-        The array arguments are scanned for NaN/inf (O(data), no copy); only if some are found
-        is the log-likelihood of every observed datum evaluated at the initial point (one pass,
-        in chunks), so that values the model masks or never reads are allowed.
-        """
-        arrays, _, key = _split_arrays(model_args, model_kwargs)
-        if self._data_checked == key:
-            return
-        if all(_all_finite(a) for a in arrays):
-            self._data_checked = key
-            return
-        from .diagnostics import log_likelihood_chunks
-
-        potential = self._potential
-        z = {k: (v[0] if vectorized else v) for k, v in state.z.items()}
-        values = {k: (potential.transforms[k](v) if k in potential.transforms else v)[None] for k, v in z.items()}
-        for plate, idx, chunk in log_likelihood_chunks(self, values, model_args, model_kwargs, 100_000, batch_ndims=1):
-            for site, lp in chunk.items():
-                rows = idx[~np.isfinite(np.asarray(lp[0]))]
-                if rows.size:
-                    shown = ", ".join(str(r) for r in rows[:10]) + (", ..." if rows.size > 10 else "")
-                    raise ValueError(
-                        f"{type(self).__name__}: the data are not finite where the likelihood reads them: "
-                        f"site '{site}' of plate '{plate}' has a non-finite log-likelihood at {rows.size} "
-                        f"row(s) [{shown}] (the model arguments hold NaN or inf). Drop or impute those rows, "
-                        "or mask them (numpyro.handlers.mask(mask=...) around the site, finite filler "
-                        "values); every minibatch holding one would otherwise be a rejected step."
-                    )
-        self._data_checked = key
-
-    def _check_problem_size(self):
-        """Refuse a plate whose minibatch is half the data or more; warn below a quarter, and for
-        fewer than :data:`TINY_N` rows.
-
-        With S ≥ N/2 a minibatch gradient saves at most 2× over the full-data one, and the
-        gradient-noise estimate that sets the KL-optimal rate degenerates (sampling without
-        replacement, Q carries the factor (N − S)/(N − 1) → 0; with N = 4, S = 2 there are two
-        rows per estimate): measured, ConstantSGD, SGFS and IASG returned means 10¹⁸–10²⁰
-        posterior sds off at N = 4, S = 2 and at N = 100, S = 99.
-        """
-        name = type(self).__name__
-        for p in self._potential.plates:
-            ratio = p.size / p.subsample_size
-            fix = (f"run NUTS on the full data (declare plate '{p.name}' without subsample_size), or use "
-                   f"subsample_size <= {p.size // 4}")
-            if ratio <= 2:
-                raise ValueError(
-                    f"{name}: plate '{p.name}' subsamples S = {p.subsample_size} of N = {p.size} rows "
-                    f"(N/S = {ratio:.3g}): not a stochastic-gradient problem (a minibatch gradient saves at "
-                    f"most {ratio:.3g}× over a full-data one, and the gradient-noise estimate degenerates); "
-                    f"{fix}.")
-            if p.size < TINY_N:
-                warnings.warn(
-                    f"{name}: plate '{p.name}' has N = {p.size} rows: too few for the gradient-noise estimates and "
-                    f"the large-N approximations the SG kernels rest on (measured: N = 8, S = 2 gave an sd 2× too "
-                    f"large with ConstantSGD and means 10¹⁹ sds off with IASG); NUTS on all {p.size} rows is exact "
-                    "and fast.", UserWarning, stacklevel=find_stack_level())
-            elif ratio < 4:
-                warnings.warn(
-                    f"{name}: plate '{p.name}' subsamples S = {p.subsample_size} of N = {p.size} rows (N/S = "
-                    f"{ratio:.3g}): the gradient-noise estimate is poor this close to full batch and a "
-                    f"minibatch saves little; {fix}.", UserWarning, stacklevel=find_stack_level())
-
-    def _warn_hyper_candidates(self, model_args, model_kwargs):
-        """Warn once when the model has hyperparameter sites (latents whose children are latents
-        only, e.g. a group scale): a constant-rate kernel fits the funnel they form poorly, and
-        :class:`~numpyro_sgd.SGWithinGibbs` samples them exactly. Skipped for one latent site
-        (no site can be another's parent) and for wrappers; costs one dependency trace."""
-        if (getattr(self, "_hyper_warned", False) or len(self._potential.view.names) < 2
-                or isinstance(self, SGWrapper)):
-            return
-        self._hyper_warned = True
-        from .gibbs import _classify, hyper_candidates
-
-        candidates, form = _classify(self._potential, model_args, model_kwargs)[0], ""
-        if not candidates and any(n.endswith("_decentered") for n in self._potential.view.names):
-            # a LocScaleReparam(0) model: its group mean and scale are hyper sites of the centred form
-            # (a reparam inside the model cannot be centred: SGWithinGibbs says so when it is built)
-            try:
-                candidates = hyper_candidates(self._model, *model_args, **model_kwargs)
-            except ValueError:
-                candidates = []
-            form = " once its LocScaleReparam sites are centred (as SGWithinGibbs samples them)"
-        if candidates:
-            name = type(self).__name__
-            warnings.warn(
-                f"{name}: the sites {candidates} have no observed child in a subsample plate{form} (group-level "
-                f"hyperparameters, e.g. a group scale): with the group latents they form a funnel that one frozen "
-                f"preconditioner fits poorly. Sample them exactly with SGWithinGibbs({name}(model)), or see the "
-                "README's 'Hierarchical models' for the other routes.", UserWarning, stacklevel=find_stack_level())
-
-    def _warn_short_blocks(self):
-        """Warn when an explicit ``steps_per_sample`` is far below the relaxation time."""
-        relax, k = self._algorithm.relaxation_steps, self._steps_per_sample
-        if relax is None or self._algorithm.window is not None or k * RELAXATION_WARN_FACTOR >= relax:
-            return
-        warnings.warn(
-            f"{type(self).__name__}: steps_per_sample={k} returns a draw every {k / relax:.2g} of the "
-            f"chain's relaxation time ({relax} SG steps, one data pass of N/S): consecutive draws are "
-            f"nearly copies, so the effective sample size is about num_samples × {k / relax:.2g}, not "
-            "num_samples. Leave steps_per_sample unset (default: the relaxation time) or raise it.",
-            UserWarning, stacklevel=find_stack_level(),
-        )
-
     def init(self, rng_key, num_warmup, init_params=None, model_args=(), model_kwargs=None):
         model_kwargs = {} if model_kwargs is None else model_kwargs
         if self._mesh is not None and _is_tracer(rng_key):  # NumPyro's chain_method="parallel" (pmap)
@@ -769,12 +506,18 @@ class SGKernel(MCMCKernel):
         if self._mesh is not None:
             check_mesh(type(self).__name__, self._mesh, self._mesh_axis, potential, self._subsample,
                        self._warmup_subsample)
-        self._check_problem_size()
-        self._warn_short_blocks()
+        name = type(self).__name__
+        check_problem_size(name, potential)
+        warn_short_blocks(name, algorithm, self._steps_per_sample)
+        wrapped = isinstance(self, SGWrapper)
+        if not _is_tracer((model_args, model_kwargs)) and not getattr(self, "_hyper_warned", False) and not wrapped:
+            self._hyper_warned = True
+            warn_hyper_candidates(name, potential, self._model, model_args, model_kwargs)
         if not _is_tracer((model_args, model_kwargs)):
-            self._warn_hyper_candidates(model_args, model_kwargs)
-        if not _is_tracer((model_args, model_kwargs)):
-            self._warn_full_data_steps(model_args, model_kwargs)
+            key = _split_arrays(model_args, model_kwargs)[2]
+            if self._cost_checked != key:
+                self._cost_checked = key
+                warn_full_data_steps(name, potential, model_args, model_kwargs)
         self._warmup_steps_per_iteration = self._warmup_steps(num_warmup)
         num_warmup_steps = num_warmup * self._warmup_steps_per_iteration
         if not _is_tracer(num_warmup_steps) and num_warmup_steps >= 2**31:
@@ -817,7 +560,10 @@ class SGKernel(MCMCKernel):
         init_chains = jax.vmap(init_one, in_axes=(0, 0, None, None)) if vectorized else init_one
         state = self._compiled_init(init_chains, rng_key, init_params, model_args, model_kwargs, num_warmup_steps)
         if not _is_tracer((state.z, model_args, model_kwargs)):
-            self._check_data(state, vectorized, model_args, model_kwargs)
+            arrays, _, key = _split_arrays(model_args, model_kwargs)
+            if self._data_checked != key:
+                check_data(name, self, state, vectorized, arrays, model_args, model_kwargs)
+                self._data_checked = key
         if not _is_tracer(state.potential_energy) and not np.isfinite(np.asarray(state.potential_energy)).all():
             raise ValueError(
                 f"{type(self).__name__}: the potential is not finite at the initial point; check the "
@@ -1027,7 +773,7 @@ class SGKernel(MCMCKernel):
         ``num_warmup`` iterations after a warmup that ran inside :meth:`init`, the state as it is
         (``idle_iterations``). Only the sampling phase is traced (``_warmup``)."""
         model_args, model_kwargs = self._static(model_args, {} if model_kwargs is None else model_kwargs)
-        _warn_constant_data(type(self).__name__, model_args, model_kwargs)
+        warn_constant_data(type(self).__name__, model_args, model_kwargs)
         if self._plain_burn_in():
             return self._iteration(state, model_args, model_kwargs, False)
         vectorized = jnp.ndim(state.i) > 0

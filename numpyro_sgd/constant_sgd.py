@@ -85,7 +85,7 @@ def constant_sgd(potential, preconditioner="auto", *, step_size=None, momentum=1
     :param bool measure_relaxation: with the full preconditioner at the KL-optimal rate, measure the
         relaxation time at the end of warmup and return it as the steps per sample (False: the
         user fixed ``steps_per_sample``; no Hessian is taken).
-    :return: :class:`~numpyro_sgd.base.SGAlgorithm`.
+    :return: :class:`~numpyro_sgd.SGAlgorithm`.
     """
     preconditioner = resolve_preconditioner(preconditioner, potential.dim)
     full = preconditioner == "full"
@@ -145,9 +145,9 @@ def constant_sgd(potential, preconditioner="auto", *, step_size=None, momentum=1
         if prior_noise:                                                      # + ξ ~ N(0, Ξ) (Thm. 3)
             z = random.normal(random.fold_in(rng_key, 1), theta.shape, theta.dtype)
             grad = grad + apply_preconditioner(state.injection, z)
-        if momentum == 1.0:  # Eq. 15: θ ← θ − P ∇Û_S (the velocity is not carried; same numbers as μ = 1 in Eq. 27)
-            return theta - apply_preconditioner(state.preconditioner, grad), state, StepInfo(pe, oracle.batch_size,
-                                                                                            indices, True)
+        if momentum == 1.0:  # Eq. 15: θ ← θ − P ∇Û_S (Eq. 27 at μ = 1; the velocity is not carried)
+            theta, _ = constant_sgd_step(theta, state.velocity, grad, state.preconditioner, 1.0)
+            return theta, state, StepInfo(pe, oracle.batch_size, indices, True)
         theta, velocity = constant_sgd_step(theta, state.velocity, grad, state.preconditioner, state.momentum)
         return theta, state._replace(velocity=velocity), StepInfo(pe, oracle.batch_size, indices, True)
 

@@ -29,18 +29,26 @@ import jax.numpy as jnp
 from jax import lax, random
 
 from .base import SGAlgorithm, SGKernel, StepInfo
-from .diffusions import overdamped_langevin, underdamped_langevin, underdamped_langevin_matrix_friction
+from .diffusions import underdamped_langevin_matrix_friction
 from .index_chain import (
     X_ESTIMATES,
     count_index_moves,
     describe_index_chain,
     index_acceptance_rate,
     index_chain,
-    select_minibatch,
 )
-from .noise import TARGET_INFLATION, check_target_inflation, sghmc_steps, sgld_step_size
-from .validation import check_int, check_positive
-from .warmup import pop_warmup_options, with_default_steps
+from .langevin import (
+    check_friction,
+    check_step_size,
+    ewsg_update,
+    overdamped_ewsg_update,
+    underdamped_minibatch,
+    with_default_overdamped_step,
+    with_default_underdamped_steps,
+)
+from .noise import TARGET_INFLATION, check_target_inflation
+from .validation import check_int
+from .warmup import pop_warmup_options
 
 __all__ = [
     "EWSG",
@@ -51,145 +59,13 @@ __all__ = [
     "EWSGVRState",
     "X_ESTIMATES",
     "ewsg",
-    "ewsg_step",
     "ewsg_update",
     "ewsg_vr",
     "overdamped_ewsg",
-    "overdamped_ewsg_step",
     "overdamped_ewsg_update",
     "index_chain",
     "index_acceptance_rate",
 ]
-
-
-# ---------------------------------------------------------------------------- the two steps
-def _underdamped_minibatch(rng_key, propose, num_index_steps, x_estimate, momentum, drift, step_size, sigma):
-    """Alg. 1's minibatch for an underdamped step: x of Sec. 4.4 from ``drift()`` (γ r_k or Γ_k r_k)
-    and n a_B = (√h/σ) ∇Û_B (Eq. 4, App. D)."""
-    return select_minibatch(rng_key, propose, num_index_steps,
-                            lambda: X_ESTIMATES[x_estimate](momentum, drift(), step_size, sigma),
-                            jnp.sqrt(step_size) / sigma)
-
-
-def ewsg_update(rng_key, theta, momentum, propose, step_size, friction, num_index_steps=1, x_estimate="momentum"):
-    """One step of underdamped Langevin with the minibatch of Alg. 1 (App. D), Euler–Maruyama Eq. 3.
-
-    The step of :class:`EWSG` and, with ``num_index_steps=0``, of :class:`~numpyro_sgd.SGHMC`.
-
-    :param rng_key: key of the step: ``split(rng_key)`` gives the keys of the first minibatch and
-        of the Langevin noise; the index chain uses ``fold_in(rng_key, _INDEX_CHAIN_STREAM)``.
-    :param theta: θ_k (flat).
-    :param momentum: r_k.
-    :param propose: ``key -> (Û_B(θ_k), ∇Û_B(θ_k), ...)`` for a uniformly drawn minibatch B (the
-        extra entries, e.g. its indices, are carried along).
-    :param step_size: h.
-    :param friction: γ (scalar).
-    :param int num_index_steps: M (static).
-    :param str x_estimate: a key of :data:`X_ESTIMATES`.
-    :return: ``(θ_{k+1}, r_{k+1}, the accepted minibatch's tuple, accepted index moves)``.
-    """
-    k_noise = random.split(rng_key)[1]
-    sigma = jnp.sqrt(2.0 * friction)
-    current, accepted = _underdamped_minibatch(rng_key, propose, num_index_steps, x_estimate, momentum,
-                                               lambda: friction * momentum, step_size, sigma)   # Sec. 4.4, Eq. 6
-    theta, momentum = underdamped_langevin(k_noise, theta, momentum, current[1], step_size, friction)  # Eq. 3
-    return theta, momentum, current, accepted
-
-
-def ewsg_step(rng_key, theta, momentum, minibatch_grad, step_size, friction, num_index_steps=1,
-              x_estimate="momentum"):
-    """One EWSG step: Alg. 1 of [1] with minibatches (App. D), Euler–Maruyama Eq. 3.
-
-    :param rng_key: key of the step. ``split(rng_key)`` gives the keys of the first minibatch
-        and of the Langevin noise, exactly as :class:`~numpyro_sgd.SGHMC`; the index chain uses
-        ``fold_in(rng_key, _INDEX_CHAIN_STREAM)``. So ``num_index_steps=0`` is SGHMC, number for
-        number (both are :func:`ewsg_update`).
-    :param theta: θ_k (flat).
-    :param momentum: r_k.
-    :param minibatch_grad: ``key -> (Û_B(θ_k), ∇Û_B(θ_k))`` for a uniformly drawn minibatch B.
-    :param step_size: h.
-    :param friction: γ (scalar).
-    :param int num_index_steps: M (static).
-    :param str x_estimate: a key of :data:`X_ESTIMATES`.
-    :return: ``(θ_{k+1}, r_{k+1}, Û_B(θ_k), accepted index moves)``.
-    """
-    theta, momentum, current, accepted = ewsg_update(rng_key, theta, momentum, minibatch_grad, step_size, friction,
-                                                     num_index_steps, x_estimate)
-    return theta, momentum, current[0], accepted
-
-
-def overdamped_ewsg_update(rng_key, theta, propose, step_size, num_index_steps, temperature):
-    """One overdamped Langevin step (Welling & Teh Eq. 4) with the minibatch of App. E, ε = 2h.
-
-    The step of :class:`OverdampedEWSG` (temperature 1) and, with ``num_index_steps=0``, of
-    :class:`~numpyro_sgd.SGLD`. ``propose`` and the keys are as in :func:`ewsg_update`; the
-    index chain's weights (x = 0, n a_B = (√ε/2) ∇Û_B) assume temperature 1.
-
-    :return: ``(θ_{k+1}, the accepted minibatch's tuple, accepted index moves)``.
-    """
-    k_noise = random.split(rng_key)[1]                                     # SGLD's keys
-    current, accepted = select_minibatch(rng_key, propose, num_index_steps, lambda: jnp.zeros_like(theta),
-                                         0.5 * jnp.sqrt(step_size))
-    theta = overdamped_langevin(k_noise, theta, current[1], step_size, temperature)
-    return theta, current, accepted
-
-
-def overdamped_ewsg_step(rng_key, theta, minibatch_grad, step_size, num_index_steps=1):
-    """One step of EWSG for overdamped Langevin (App. E of [1]) in SGLD's units, ε = 2h.
-
-    App. E: θ_{k+1} = θ_k − h ∇Ṽ + √(2h) ξ, x = (θ_{k+1} − θ_k)/√(2h), a_i = √h ∇V_i/√2,
-    p_B ∝ exp(½‖x + n a_B‖²). With ε = 2h: n a_B = (√ε/2) ∇Û_B and x = 0 (θ_{k+1} = θ_k, the
-    analogue of the heuristic r_{k+1} = r_k of Sec. 4.4; App. E gives no x). ``num_index_steps=0``
-    is :class:`~numpyro_sgd.SGLD` at temperature 1, number for number.
-
-    :return: ``(θ_{k+1}, Û_B(θ_k), accepted index moves)``.
-    """
-    theta, current, accepted = overdamped_ewsg_update(rng_key, theta, minibatch_grad, step_size, num_index_steps,
-                                                      jnp.ones((), jnp.result_type(theta)))
-    return theta, current[0], accepted
-
-
-# ---------------------------------------------------------------------------- validation
-def check_friction(name, friction):
-    """Raise unless γ is a positive scalar (SGHMC and the EWSG kernels)."""
-    return check_positive(name, "friction", friction, "a positive float (γ; σ² = 2γ)")
-
-
-def check_step_size(name, step_size):
-    """Raise unless h (or ε) is a positive scalar."""
-    return check_positive(name, "step_size", step_size)
-
-
-# ---------------------------------------------------------------------------- default steps
-def with_default_overdamped_step(algorithm, potential, name, step_size, target_inflation, subsample, warmup_options):
-    """SGLD's and overdamped EWSG's algorithm with, when ``step_size`` is None, the noise warmup and
-    ε = :func:`~numpyro_sgd.noise.sgld_step_size` set at its end (T = ``state.temperature``, 1 if
-    the state has none); the algorithm itself when a step size is given."""
-    if step_size is not None:
-        return algorithm
-
-    def set_steps(state, noise, curvature):  # ε = 4τ / λ_max(Q/T + (1 + τ) A)
-        eps = sgld_step_size(noise, curvature, target_inflation, getattr(state, "temperature", 1.0))
-        return state._replace(step_size=eps.astype(state.step_size.dtype))
-
-    return with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample)
-
-
-def with_default_underdamped_steps(algorithm, potential, name, step_size, friction, target_inflation, subsample,
-                                   warmup_options):
-    """SGHMC's and EWSG's algorithm with, when ``step_size`` or ``friction`` is None, the noise
-    warmup and the missing ones set at its end by :func:`~numpyro_sgd.noise.sghmc_steps`
-    (γ = 2 √λ_max(A), h = 2τγ / λ_max(Q + 2A)); the algorithm itself when both are given."""
-    if step_size is not None and friction is not None:
-        return algorithm
-
-    def set_steps(state, noise, curvature):
-        h, gamma = sghmc_steps(noise, curvature, target_inflation, friction)
-        h = h if step_size is None else state.step_size
-        dtype = state.step_size.dtype
-        return state._replace(step_size=h.astype(dtype), friction=gamma.astype(dtype))
-
-    return with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample)
 
 
 class _IndexChainKernel(SGKernel):
@@ -267,7 +143,7 @@ def ewsg(potential, step_size=None, friction=None, num_index_steps=1, x_estimate
     :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential`.
     :param step_size: h, or None (set with SGHMC's rule at the end of the noise warmup).
     :param friction: γ, or None (likewise).
-    :return: :class:`~numpyro_sgd.base.SGAlgorithm` (h and γ given: no adaptation, warmup is burn-in).
+    :return: :class:`~numpyro_sgd.SGAlgorithm` (h and γ given: no adaptation, warmup is burn-in).
     """
     m = num_index_steps
 
@@ -413,7 +289,7 @@ def overdamped_ewsg(potential, step_size=None, num_index_steps=1, *, target_infl
 
     :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential`.
     :param step_size: ε, or None (set with SGLD's rule at the end of the noise warmup).
-    :return: :class:`~numpyro_sgd.base.SGAlgorithm` (a given ε: no adaptation, warmup is burn-in).
+    :return: :class:`~numpyro_sgd.SGAlgorithm` (a given ε: no adaptation, warmup is burn-in).
     """
     m = num_index_steps
 
@@ -512,7 +388,7 @@ def ewsg_vr(potential, step_size, friction, num_index_steps=1, x_estimate="momen
     """The EWSG-VR algorithm (:class:`EWSGVR`, Alg. 2) for a traced model with one subsample plate.
 
     :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential`.
-    :return: :class:`~numpyro_sgd.base.SGAlgorithm` (no adaptation: warmup is burn-in).
+    :return: :class:`~numpyro_sgd.SGAlgorithm` (no adaptation: warmup is burn-in).
     """
     if len(potential.plates) != 1:
         raise ValueError(
@@ -565,7 +441,7 @@ def ewsg_vr(potential, step_size, friction, num_index_steps=1, x_estimate="momen
             pe, grad, (rows,) = oracle.per_example_grads(theta, idx)
             return pe, grad, rows, idx
 
-        (pe, grad, rows, idx), accepted = _underdamped_minibatch(
+        (pe, grad, rows, idx), accepted = underdamped_minibatch(
             rng_key, propose, m, x_estimate, state.momentum, lambda: state.friction_matrix @ state.momentum,
             state.step_size, sigma)
 

@@ -167,7 +167,7 @@ def iasg(potential, step_size=None, window=None, preconditioner="auto", *, windo
     :param bool check_validity: warn (host callback) at the end of warmup outside Eq. 46–47.
     :param validity_warning: the ``ValidityWarning`` to call (re-armed here); default a new one.
     :param kwargs: the warmup options of :func:`~numpyro_sgd.warmup.noise_warmup`.
-    :return: :class:`~numpyro_sgd.base.SGAlgorithm`.
+    :return: :class:`~numpyro_sgd.SGAlgorithm`.
     """
     t, step_product = _resolve_window(potential, window, window_error, step_size, name)
     # a user ε is the ε of Alg. 1 (H = I); an estimated ε comes with the estimated H

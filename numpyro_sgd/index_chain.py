@@ -119,7 +119,7 @@ def count_index_moves(state, accepted, num_index_steps):
 def index_acceptance_rate(state):
     """Acceptance rate of the index chain so far: accepted / proposed index moves.
 
-    :param state: an :class:`~numpyro_sgd.base.SGState` (e.g. ``mcmc.last_state``) or the kernel
+    :param state: an :class:`~numpyro_sgd.SGState` (e.g. ``mcmc.last_state``) or the kernel
         state of :class:`~numpyro_sgd.EWSG`, :class:`~numpyro_sgd.OverdampedEWSG` or
         :class:`~numpyro_sgd.EWSGVR` (any leading chain dimensions are kept).
     :return: array of rates (NaN where nothing was proposed, e.g. ``num_index_steps=0``).

@@ -215,7 +215,7 @@ def santa_algorithm(potential, step_size=None, anneal=False, *, schedule=None, b
     :param bool anneal: anneal β_t by ``schedule``, then refine (default False: β = 1).
     :param schedule: callable t ↦ β_t (default :func:`polynomial_annealing` (0.5)).
     :param int burnin: SG steps of exploration (default: the warmup SG steps).
-    :return: :class:`~numpyro_sgd.base.SGAlgorithm`.
+    :return: :class:`~numpyro_sgd.SGAlgorithm`.
     """
     schedule = polynomial_annealing(0.5) if schedule is None else schedule
     n = potential.num_data

@@ -75,7 +75,7 @@ def sgfs(potential, preconditioner="auto", *, step_size=1.0, max_step=None, refr
     :param int refresh_every: SG steps between refactorisations of M (None: 1 for diag, 10 for full).
     :param bool online: keep averaging Q while sampling.
     :param kwargs: the warmup options of :func:`~numpyro_sgd.warmup.noise_warmup`.
-    :return: :class:`~numpyro_sgd.base.SGAlgorithm`.
+    :return: :class:`~numpyro_sgd.SGAlgorithm`.
     """
     preconditioner = resolve_preconditioner(preconditioner, potential.dim)
     full = preconditioner == "full"

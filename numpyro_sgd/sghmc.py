@@ -6,7 +6,7 @@ Chen, Fox & Guestrin (2014) with B̂ = 0, in the Euler–Maruyama form of Li, Wa
     θ_{k+1} = θ_k + h r_k
     r_{k+1} = r_k − h (∇Û_S(θ_k) + γ r_k) + √(2γh) ξ_k
 
-The step is :func:`~numpyro_sgd.ewsg.ewsg_update` with M = 0 index steps (a uniform minibatch), so
+The step is :func:`~numpyro_sgd.langevin.ewsg_update` with M = 0 index steps (a uniform minibatch), so
 :class:`~numpyro_sgd.EWSG` with ``num_index_steps=0`` is this sampler by construction.
 """
 
@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jax import random
 
 from .base import SGAlgorithm, SGKernel, StepInfo
-from .ewsg import check_friction, check_step_size, ewsg_update, with_default_underdamped_steps
+from .langevin import check_friction, check_step_size, ewsg_update, with_default_underdamped_steps
 from .noise import TARGET_INFLATION, check_target_inflation
 from .warmup import pop_warmup_options
 
@@ -45,7 +45,7 @@ def sghmc(potential, step_size=None, friction=None, *, target_inflation=TARGET_I
     :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential`.
     :param step_size: h, or None: set at the end of the noise warmup (see :class:`SGHMC`).
     :param friction: γ, or None (likewise).
-    :return: :class:`~numpyro_sgd.base.SGAlgorithm` (h and γ given: no adaptation, warmup is burn-in).
+    :return: :class:`~numpyro_sgd.SGAlgorithm` (h and γ given: no adaptation, warmup is burn-in).
     """
 
     def init(rng_key, theta, num_warmup_steps):

@@ -1,7 +1,7 @@
 """Stochastic gradient Langevin dynamics (Welling & Teh 2011; Mandt et al. Sec. 4.1, Eq. 32) and
 its RMSprop-preconditioned variant pSGLD (Li, Chen, Carlson & Carin 2016, Alg. 1).
 
-SGLD's step is :func:`~numpyro_sgd.ewsg.overdamped_ewsg_update` with M = 0 index steps (a uniform
+SGLD's step is :func:`~numpyro_sgd.langevin.overdamped_ewsg_update` with M = 0 index steps (a uniform
 minibatch), so :class:`~numpyro_sgd.OverdampedEWSG` with ``num_index_steps=0`` is SGLD at
 temperature 1 by construction.
 """
@@ -15,7 +15,7 @@ from jax import random
 
 from .base import SGAlgorithm, SGKernel, StepInfo
 from .diffusions import overdamped_langevin
-from .ewsg import check_step_size, overdamped_ewsg_update, with_default_overdamped_step
+from .langevin import check_step_size, overdamped_ewsg_update, sgld_step, with_default_overdamped_step
 from .noise import TARGET_INFLATION, check_target_inflation, sgld_step_size
 from .schedules import check_schedule, robbins_monro
 from .validation import check_number, check_positive
@@ -38,11 +38,6 @@ class SGLDState(NamedTuple):
     warmup: tuple = ()
 
 
-def sgld_step(rng_key, theta, grad, step_size, temperature):
-    """SGLD (Welling & Teh Eq. 4): θ ← θ − (ε_t/2) ∇Û_S(θ) + N(0, ε_t T)."""
-    return overdamped_langevin(rng_key, theta, grad, step_size, temperature)
-
-
 def sgld(potential, step_size=None, temperature=1.0, *, target_inflation=TARGET_INFLATION,
          subsample="with_replacement", name="SGLD", **warmup_options):
     """The SGLD algorithm (:class:`SGLD`) for a traced model.
@@ -52,7 +47,7 @@ def sgld(potential, step_size=None, temperature=1.0, *, target_inflation=TARGET_
         the noise warmup estimates Q and A and ``end_warmup`` sets ε =
         :func:`~numpyro_sgd.noise.sgld_step_size` (``target_inflation``).
     :param float temperature: T > 0.
-    :return: :class:`~numpyro_sgd.base.SGAlgorithm` (a given step: no adaptation, warmup is burn-in).
+    :return: :class:`~numpyro_sgd.SGAlgorithm` (a given step: no adaptation, warmup is burn-in).
     """
     schedule = step_size if callable(step_size) else None
 
@@ -203,7 +198,7 @@ def psgld(potential, step_size=None, decay=0.99, damping=1e-5, *, target_inflati
 
     :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential` (N for ḡ = ∇Û_S / N).
     :param step_size: ε > 0, or None: set at the end of the noise warmup (see :class:`PSGLD`).
-    :return: :class:`~numpyro_sgd.base.SGAlgorithm` (V keeps adapting; a given step: warmup is burn-in).
+    :return: :class:`~numpyro_sgd.SGAlgorithm` (V keeps adapting; a given step: warmup is burn-in).
     """
 
     def init(rng_key, theta, num_warmup_steps):

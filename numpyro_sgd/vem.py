@@ -80,7 +80,7 @@ def variational_em(inner, potential, optimizer):
         (:meth:`~numpyro_sgd.SGWrapper.inner_algorithm`).
     :param potential: the model's :class:`~numpyro_sgd.potential.SubsampledPotential`.
     :param optimizer: optax ``GradientTransformation`` whose updates are added to λ.
-    :return: :class:`~numpyro_sgd.base.SGAlgorithm` with state :class:`VariationalEMState`.
+    :return: :class:`~numpyro_sgd.SGAlgorithm` with state :class:`VariationalEMState`.
     """
     inner = inner(potential)
     view = _hyper_view(potential)

@@ -51,10 +51,10 @@ from jax import lax
 from jax.scipy.linalg import cho_solve
 from numpyro.util import find_stack_level
 
-from .base import StepInfo
 from .noise import NOISE_ESTIMATORS, NoiseState, fisher_curvature, psd_part, resolve_preconditioner, sampling_noise
 from .noise import noise_estimator as make_noise_estimator
 from .potential import grad_and_hessian
+from .protocol import StepInfo
 from .validation import check_number
 
 __all__ = ["WarmupState", "WarmupSummary", "NoiseWarmup", "noise_warmup", "WARMUP_DEFAULTS", "check_warmup_options",
@@ -401,7 +401,7 @@ def with_default_steps(algorithm, potential, name, set_steps, warmup_options, su
     The algorithm's state must have a ``warmup`` field (empty for a user step size), and its
     sampling step must read its step sizes from the state.
 
-    :param algorithm: the :class:`~numpyro_sgd.base.SGAlgorithm` built with placeholder (NaN) steps.
+    :param algorithm: the :class:`~numpyro_sgd.SGAlgorithm` built with placeholder (NaN) steps.
     :param set_steps: ``(state, noise, curvature) -> state``: the state with the steps set from
         the sampling-phase minibatch noise f Q (:func:`~numpyro_sgd.noise.sampling_noise`) and the
         curvature A_U ≈ Σ_p (S_p/N_p) Q_p + Λ⁺ (Fisher plus the positive part of the prior's

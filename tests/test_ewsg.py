@@ -11,7 +11,7 @@ from numpyro.infer import MCMC
 
 from numpyro_sgd import EWSG, EWSGVR, SGHMC, SGLD, OverdampedEWSG
 from numpyro_sgd.diagnostics import gaussian_kl
-from numpyro_sgd.ewsg import ewsg_step, index_acceptance_rate, index_chain, overdamped_ewsg_step
+from numpyro_sgd.ewsg import ewsg_update, index_acceptance_rate, index_chain, overdamped_ewsg_update
 
 # ---------------------------------------------------------------------------- models
 Y = jnp.asarray(np.random.default_rng(0).normal(2.0, 1.0, 1000))
@@ -126,7 +126,7 @@ def test_ewsg_weights_are_those_of_eq_4_with_x_from_the_momentum():
     n = 20_000
 
     def one(key):
-        return ewsg_step(key, theta, r, _table_oracle(grads), h, gamma, num_index_steps=80)[2]
+        return ewsg_update(key, theta, r, _table_oracle(grads), h, gamma, num_index_steps=80)[2][0]
 
     chosen = jax.vmap(one)(jax.random.split(jax.random.key(1), n))
     _assert_law(_frequencies(chosen, 4), probs, n)
@@ -143,7 +143,7 @@ def test_overdamped_weights_are_those_of_app_e():
     n = 20_000
 
     def one(key):
-        return overdamped_ewsg_step(key, jnp.zeros(2), _table_oracle(grads), eps, num_index_steps=80)[1]
+        return overdamped_ewsg_update(key, jnp.zeros(2), _table_oracle(grads), eps, 80, 1.0)[1][0]
 
     chosen = jax.vmap(one)(jax.random.split(jax.random.key(2), n))
     _assert_law(_frequencies(chosen, 4), probs, n)

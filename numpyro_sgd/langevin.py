@@ -1,0 +1,122 @@
+"""The Langevin steps that SGLD, SGHMC and the EWSG kernels share, their validators and
+default-step rules: below the kernels that use them (:mod:`numpyro_sgd.sgld`,
+:mod:`numpyro_sgd.sghmc`, :mod:`numpyro_sgd.ewsg`), so that the simple kernels do not depend on
+the extension.
+
+* :func:`sgld_step`: the overdamped step (Welling & Teh Eq. 4).
+* :func:`overdamped_ewsg_update`: a minibatch (uniform, or chosen by the index chain of EWSG App. E)
+  and then :func:`sgld_step`; SGLD runs it with M = 0 index steps.
+* :func:`ewsg_update`: a minibatch (uniform, or EWSG Alg. 1, App. D) and then the underdamped
+  Euler–Maruyama step (EWSG Eq. 3); SGHMC runs it with M = 0.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import random
+
+from .diffusions import overdamped_langevin, underdamped_langevin
+from .index_chain import X_ESTIMATES, select_minibatch
+from .noise import sghmc_steps, sgld_step_size
+from .validation import check_positive
+from .warmup import with_default_steps
+
+__all__ = ["sgld_step", "overdamped_ewsg_update", "ewsg_update", "underdamped_minibatch", "check_friction",
+           "check_step_size", "with_default_overdamped_step", "with_default_underdamped_steps"]
+
+
+def sgld_step(rng_key, theta, grad, step_size, temperature):
+    """SGLD (Welling & Teh Eq. 4): θ ← θ − (ε_t/2) ∇Û_S(θ) + N(0, ε_t T)."""
+    return overdamped_langevin(rng_key, theta, grad, step_size, temperature)
+
+
+def underdamped_minibatch(rng_key, propose, num_index_steps, x_estimate, momentum, drift, step_size, sigma):
+    """EWSG Alg. 1's minibatch for an underdamped step: x of Sec. 4.4 from ``drift()`` (γ r_k or Γ_k r_k)
+    and n a_B = (√h/σ) ∇Û_B (Eq. 4, App. D)."""
+    return select_minibatch(rng_key, propose, num_index_steps,
+                            lambda: X_ESTIMATES[x_estimate](momentum, drift(), step_size, sigma),
+                            jnp.sqrt(step_size) / sigma)
+
+
+def ewsg_update(rng_key, theta, momentum, propose, step_size, friction, num_index_steps=1, x_estimate="momentum"):
+    """One step of underdamped Langevin with the minibatch of Alg. 1 (App. D), Euler–Maruyama Eq. 3.
+
+    The step of :class:`~numpyro_sgd.EWSG` and, with ``num_index_steps=0``, of :class:`~numpyro_sgd.SGHMC`.
+
+    :param rng_key: key of the step: ``split(rng_key)`` gives the keys of the first minibatch and
+        of the Langevin noise; the index chain uses ``fold_in(rng_key, _INDEX_CHAIN_STREAM)``.
+    :param theta: θ_k (flat).
+    :param momentum: r_k.
+    :param propose: ``key -> (Û_B(θ_k), ∇Û_B(θ_k), ...)`` for a uniformly drawn minibatch B (the
+        extra entries, e.g. its indices, are carried along).
+    :param step_size: h.
+    :param friction: γ (scalar).
+    :param int num_index_steps: M (static).
+    :param str x_estimate: a key of :data:`~numpyro_sgd.index_chain.X_ESTIMATES`.
+    :return: ``(θ_{k+1}, r_{k+1}, the accepted minibatch's tuple, accepted index moves)``.
+    """
+    k_noise = random.split(rng_key)[1]
+    sigma = jnp.sqrt(2.0 * friction)
+    current, accepted = underdamped_minibatch(rng_key, propose, num_index_steps, x_estimate, momentum,
+                                               lambda: friction * momentum, step_size, sigma)   # Sec. 4.4, Eq. 6
+    theta, momentum = underdamped_langevin(k_noise, theta, momentum, current[1], step_size, friction)  # Eq. 3
+    return theta, momentum, current, accepted
+
+
+def overdamped_ewsg_update(rng_key, theta, propose, step_size, num_index_steps, temperature):
+    """One overdamped Langevin step (Welling & Teh Eq. 4) with the minibatch of App. E, ε = 2h.
+
+    The step of :class:`~numpyro_sgd.OverdampedEWSG` (temperature 1) and, with ``num_index_steps=0``, of
+    :class:`~numpyro_sgd.SGLD`. ``propose`` and the keys are as in :func:`ewsg_update`; the
+    index chain's weights (x = 0, n a_B = (√ε/2) ∇Û_B) assume temperature 1.
+
+    :return: ``(θ_{k+1}, the accepted minibatch's tuple, accepted index moves)``.
+    """
+    k_noise = random.split(rng_key)[1]                                     # SGLD's keys
+    current, accepted = select_minibatch(rng_key, propose, num_index_steps, lambda: jnp.zeros_like(theta),
+                                         0.5 * jnp.sqrt(step_size))
+    theta = sgld_step(k_noise, theta, current[1], step_size, temperature)  # Welling & Teh Eq. 4
+    return theta, current, accepted
+
+
+# ---------------------------------------------------------------------------- validation
+def check_friction(name, friction):
+    """Raise unless γ is a positive scalar (SGHMC and the EWSG kernels)."""
+    return check_positive(name, "friction", friction, "a positive float (γ; σ² = 2γ)")
+
+
+def check_step_size(name, step_size):
+    """Raise unless h (or ε) is a positive scalar."""
+    return check_positive(name, "step_size", step_size)
+
+
+# ---------------------------------------------------------------------------- default steps
+def with_default_overdamped_step(algorithm, potential, name, step_size, target_inflation, subsample, warmup_options):
+    """SGLD's and overdamped EWSG's algorithm with, when ``step_size`` is None, the noise warmup and
+    ε = :func:`~numpyro_sgd.noise.sgld_step_size` set at its end (T = ``state.temperature``, 1 if
+    the state has none); the algorithm itself when a step size is given."""
+    if step_size is not None:
+        return algorithm
+
+    def set_steps(state, noise, curvature):  # ε = 4τ / λ_max(Q/T + (1 + τ) A)
+        eps = sgld_step_size(noise, curvature, target_inflation, getattr(state, "temperature", 1.0))
+        return state._replace(step_size=eps.astype(state.step_size.dtype))
+
+    return with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample)
+
+
+def with_default_underdamped_steps(algorithm, potential, name, step_size, friction, target_inflation, subsample,
+                                   warmup_options):
+    """SGHMC's and EWSG's algorithm with, when ``step_size`` or ``friction`` is None, the noise
+    warmup and the missing ones set at its end by :func:`~numpyro_sgd.noise.sghmc_steps`
+    (γ = 2 √λ_max(A), h = 2τγ / λ_max(Q + 2A)); the algorithm itself when both are given."""
+    if step_size is not None and friction is not None:
+        return algorithm
+
+    def set_steps(state, noise, curvature):
+        h, gamma = sghmc_steps(noise, curvature, target_inflation, friction)
+        h = h if step_size is None else state.step_size
+        dtype = state.step_size.dtype
+        return state._replace(step_size=h.astype(dtype), friction=gamma.astype(dtype))
+
+    return with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample)

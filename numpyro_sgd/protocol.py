@@ -1,0 +1,109 @@
+"""The protocol between the driver and the algorithms: :class:`SGAlgorithm` (what an algorithm
+provides), :class:`StepInfo` (what one of its steps reports) and :class:`SGState` (the driver's
+per-chain state). The bottom of the package's layering: it imports nothing of the package, so
+the algorithms, the warmup adapter and the driver (:mod:`numpyro_sgd.base`) all import it.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Optional
+
+import jax.numpy as jnp
+
+__all__ = ["SGAlgorithm", "SGState", "StepInfo"]
+
+
+class StepInfo(NamedTuple):
+    """What one algorithm step reports besides its new position and state."""
+
+    #: minibatch potential Û_S at the point where the gradient was taken
+    potential_energy: jnp.ndarray
+    #: per-datum gradient evaluations the step used (data-pass accounting)
+    num_grad_evals: jnp.ndarray
+    #: ``{plate: indices}`` of the minibatch whose gradient moved θ
+    indices: dict
+    #: whether θ moved on the gradient of the one minibatch ``indices``, drawn by the oracle's
+    #: law (a Python bool): a wrapper may then reuse that minibatch (VariationalEM's λ-step,
+    #: Mandt Eq. 26). False when the step drew several minibatches or chose one by its own rule
+    #: (EWSG's index chain).
+    one_minibatch: bool
+
+
+class SGAlgorithm(NamedTuple):
+    """A stochastic-gradient algorithm as pure per-chain functions (see the module docstring)."""
+
+    init: Callable
+    warmup_step: Callable
+    sample_step: Callable
+    #: ``(theta, state, oracle) -> state``: freeze what warmup adapted (None: nothing is adapted)
+    end_warmup: Optional[Callable] = None
+    #: SG steps per returned sample if the algorithm fixes it (IASG's window); None: the driver's
+    window: Optional[int] = None
+    #: SG steps in which the sampled chain forgets where it was (about N/S for the KL-optimal
+    #: kernels), the driver's default ``steps_per_sample``; None: unknown (default 1)
+    relaxation_steps: Optional[int] = None
+    #: ``state -> int32``: the steps per returned sample the algorithm chose at the end of warmup
+    #: (at least ``relaxation_steps``; ConstantSGD-full measures its relaxation time), used
+    #: when the user gives no ``steps_per_sample``; None: ``relaxation_steps``
+    sample_steps: Optional[Callable] = None
+    #: ``(theta, state) -> (theta, state)`` before the steps of one returned sample
+    start_block: Optional[Callable] = None
+    #: ``(rng_key, theta, state, oracle, sampling) -> (rng_key, theta, state, num_grad_evals)``
+    #: after them: the returned θ (IASG: the window's average) and state; ``sampling`` tells if
+    #: the block was a sampling block; an ``end_block`` that draws random numbers splits
+    #: ``rng_key`` and returns the key to continue with
+    end_block: Optional[Callable] = None
+    #: ``state -> str``: kernel-specific progress-bar text
+    describe: Optional[Callable] = None
+    #: whether every SG iterate is a draw of the sampled law (False for IASG, whose draws are
+    #: window averages); wrappers that need posterior draws (VariationalEM) read it
+    iterates_are_samples: bool = True
+
+
+class SGState(NamedTuple):
+    """State of every stochastic-gradient kernel of this package (one chain).
+
+    With ``chain_method="vectorized"`` every field gains a leading chain dimension.
+    """
+
+    #: number of SG steps taken (warmup included); with ``steps_per_sample=k`` a returned sample
+    #: advances it by k
+    i: jnp.ndarray
+    #: dict of unconstrained latent values (the MCMC sample field)
+    z: dict
+    #: minibatch potential Û_S at the point where the last gradient was taken
+    potential_energy: jnp.ndarray
+    #: completed passes over the data (per-datum gradient evaluations // N)
+    data_passes_done: jnp.ndarray
+    #: per-datum gradient evaluations in the current pass (remainder, < N)
+    grad_evals_in_pass: jnp.ndarray
+    #: N = Σ over subsample plates of the plate size (a data pass is N per-datum gradients)
+    num_data: jnp.ndarray
+    #: number of SG steps rejected because the potential, gradient or new state was non-finite
+    num_divergences: jnp.ndarray
+    #: the first rejected SG step (-1 if none)
+    first_divergence: jnp.ndarray
+    #: whether a step since the previous returned sample was rejected
+    diverging: jnp.ndarray
+    #: number of warmup SG steps (``num_warmup`` × the warmup steps per iteration, see
+    #: :class:`SGKernel`'s ``warmup_passes``)
+    num_warmup_steps: jnp.ndarray
+    #: key of the warmup shuffling permutation (``warmup_subsample="shuffle"``)
+    shuffle_key: jnp.ndarray
+    #: the algorithm's own state (step sizes, preconditioner, momentum, warmup estimators, ...)
+    kernel_state: NamedTuple
+    rng_key: jnp.ndarray
+    #: MCMC iterations still to pass through unchanged: warmup runs inside :meth:`SGKernel.init`
+    #: (its own compiled program), so NumPyro's ``num_warmup`` warmup iterations return the
+    #: post-warmup state as it is (0 once they are done, and for a burn-in-only warmup)
+    idle_iterations: jnp.ndarray
+
+    @property
+    def data_passes(self):
+        """Data passes so far: per-datum gradient evaluations / N (exact, no int overflow)."""
+        return self.data_passes_done + self.grad_evals_in_pass / self.num_data
+
+    @property
+    def num_grad_evals(self):
+        """Per-datum gradient evaluations so far (as a float, to avoid int32 overflow)."""
+        return self.data_passes_done * 1.0 * self.num_data + self.grad_evals_in_pass

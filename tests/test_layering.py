@@ -1,0 +1,108 @@
+"""The package's modules import in one direction (issue 29, item 2).
+
+Every module of ``numpyro_sgd`` is parsed with ``ast``; its imports of other package modules,
+including those made inside functions, form a graph that must have no cycle and must follow the
+layer order declared below (docs/internals.md, "Module layering"): a module imports only from
+strictly lower layers.
+"""
+
+import ast
+import pathlib
+
+import numpyro_sgd
+
+PACKAGE = pathlib.Path(numpyro_sgd.__file__).parent
+
+#: the layers, lowest first; a module may import package modules of lower layers only
+LAYERS = [
+    # leaves: no package imports
+    {"validation", "noise", "theory", "schedules", "diffusions", "index_chain", "arviz_compat", "datasets",
+     "protocol"},
+    # the model -> potential setup and the minibatch oracle
+    {"potential"},
+    # what the driver and the algorithms build on: sharded oracle, structure detection, the
+    # pointwise log-likelihood, the warmup adapter
+    {"sharding", "structure", "likelihood", "warmup"},
+    # the driver's init-time checks; the Langevin steps shared by SGLD, SGHMC and EWSG
+    {"checks", "langevin"},
+    # the driver
+    {"base"},
+    # the kernels and wrappers (none imports another)
+    {"constant_sgd", "sgfs", "iasg", "santa", "sgld", "sghmc", "ewsg", "gibbs", "vem"},
+    # reading runs
+    {"diagnostics"},
+    {"loo"},
+    {"__init__"},
+]
+
+
+def import_graph(package_dir):
+    """``{module: {imported package module: first line}}``, counting imports inside functions."""
+    modules = {p.stem for p in package_dir.glob("*.py")}
+    graph = {}
+    for path in sorted(package_dir.glob("*.py")):
+        deps = {}
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.ImportFrom):
+                if node.level == 1:  # from .x import y / from . import x
+                    names = [node.module.split(".")[0]] if node.module else [a.name for a in node.names]
+                elif node.level == 0 and node.module and node.module.split(".")[0] == "numpyro_sgd":
+                    parts = node.module.split(".")
+                    names = [parts[1]] if len(parts) > 1 else [a.name for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name.split(".")[1] for a in node.names
+                         if a.name.startswith("numpyro_sgd.") and len(a.name.split(".")) > 1]
+            for name in names:
+                if name in modules and name != path.stem:
+                    deps.setdefault(name, node.lineno)
+        graph[path.stem] = deps
+    return graph
+
+
+def find_cycle(graph):
+    """A list of modules forming an import cycle, or None."""
+    state, stack = {}, []
+
+    def visit(m):
+        state[m] = "open"
+        stack.append(m)
+        for d in graph.get(m, {}):
+            if state.get(d) == "open":
+                return stack[stack.index(d):] + [d]
+            if d not in state:
+                found = visit(d)
+                if found:
+                    return found
+        state[m] = "done"
+        stack.pop()
+        return None
+
+    for m in sorted(graph):
+        if m not in state:
+            found = visit(m)
+            if found:
+                return found
+    return None
+
+
+def layer_violations(graph):
+    """``module:line imports module`` for every import that is not strictly downward."""
+    layer = {m: i for i, group in enumerate(LAYERS) for m in group}
+    return [f"{m}:{line} imports {d} (layer {layer[m]} -> {layer[d]})"
+            for m, deps in graph.items() for d, line in deps.items() if layer[d] >= layer[m]]
+
+
+def test_every_module_has_a_layer():
+    declared = set().union(*LAYERS)
+    modules = {p.stem for p in PACKAGE.glob("*.py")}
+    assert modules - declared == set(), "declare the new modules' layer in LAYERS and docs/internals.md"
+    assert declared - modules == set()
+
+
+def test_no_import_cycle():
+    assert find_cycle(import_graph(PACKAGE)) is None
+
+
+def test_imports_go_down_the_layers():
+    assert layer_violations(import_graph(PACKAGE)) == []
