@@ -88,42 +88,35 @@ class SGWithinGibbsState(NamedTuple):
     num_hyper_divergences: jnp.ndarray
 
 
-def _sparse_groups(potential, hyper_names, model_args, model_kwargs, deps):
-    """``[(site, G)]`` for the latents that are children of a hyper site, lie in plates of G
-    elements outside the subsample plates (group latents) and have G > S / MIN_ROWS_PER_GROUP:
-    with each row in one group, a minibatch of S rows holds about S/G rows of each group."""
-    model_args, model_kwargs = as_jax_args((model_args, model_kwargs))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        tr = handlers.trace(handlers.seed(potential.model, 0)).get_trace(*model_args, **model_kwargs)
-    subsampled = {p.name for p in potential.plates}
-    rows = min(p.subsample_size for p in potential.plates)
-    out = []
-    for site in potential.view.names:
-        if site in hyper_names or not set(deps.get(site, {})) & set(hyper_names):
-            continue
-        frames = [f for f in tr[site]["cond_indep_stack"] if f.name not in subsampled]
-        groups = int(np.prod([f.size for f in frames])) if frames else 1
-        if frames and rows < MIN_ROWS_PER_GROUP * groups:
-            out.append((site, groups))
-    return out
-
-
-#: rows of a one-plate model scanned at init to count each group's rows (all of them when N is at
-#: most this; otherwise a uniform sample of this many, without replacement, fixed seed)
-GROUP_SCAN_ROWS = 200_000
-
-
 def _group_sites(potential, hyper_names, model_args, model_kwargs, deps):
-    """The group latents: children of a hyper site that lie in a plate outside the subsample plates."""
+    """``{site: G}`` for the group latents: children of a hyper site that lie in plates of G
+    elements outside the subsample plates (one trace of the model)."""
     subsampled = {p.name for p in potential.plates}
     args, kwargs = as_jax_args((model_args, model_kwargs))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tr = handlers.trace(handlers.seed(potential.model, 0)).get_trace(*args, **kwargs)
-    return [site for site in potential.view.names
-            if site not in hyper_names and set(deps.get(site, {})) & set(hyper_names)
-            and any(f.name not in subsampled for f in tr[site]["cond_indep_stack"])]
+    out = {}
+    for site in potential.view.names:
+        if site in hyper_names or not set(deps.get(site, {})) & set(hyper_names):
+            continue
+        frames = [f for f in tr[site]["cond_indep_stack"] if f.name not in subsampled]
+        if frames:
+            out[site] = int(np.prod([f.size for f in frames]))
+    return out
+
+
+def _sparse_groups(groups, potential):
+    """``[(site, G)]`` of the group latents ``groups`` (:func:`_group_sites`) with G > S /
+    MIN_ROWS_PER_GROUP: with each row in one group, a minibatch of S rows holds about S/G rows
+    of each group."""
+    rows = min(p.subsample_size for p in potential.plates)
+    return [(site, g) for site, g in groups.items() if rows < MIN_ROWS_PER_GROUP * g]
+
+
+#: rows of a one-plate model scanned at init to count each group's rows (all of them when N is at
+#: most this; otherwise a uniform sample of this many, without replacement, fixed seed)
+GROUP_SCAN_ROWS = 200_000
 
 
 def rows_per_group(potential, sites, model_args, model_kwargs, max_rows=GROUP_SCAN_ROWS, chunk=2048):
@@ -174,11 +167,10 @@ def rows_per_group(potential, sites, model_args, model_kwargs, max_rows=GROUP_SC
     return out, m == n
 
 
-def _sparse_group_message(potential, hyper_names, model_args, model_kwargs, deps):
-    """A warning text naming the elements of group latents with no rows, or with fewer than
-    ``MIN_ROWS_PER_GROUP`` rows per minibatch (counted per group by :func:`rows_per_group`), or
-    None."""
-    sites = _group_sites(potential, hyper_names, model_args, model_kwargs, deps)
+def _sparse_group_message(potential, sites, model_args, model_kwargs):
+    """A warning text naming the elements of the group latents ``sites`` with no rows, or with
+    fewer than ``MIN_ROWS_PER_GROUP`` rows per minibatch (counted per group by
+    :func:`rows_per_group`), or None."""
     counts, exact = rows_per_group(potential, sites, model_args, model_kwargs)
     (plate,) = potential.plates if len(potential.plates) == 1 else (None,)
     for site, per_batch in counts.items():
@@ -546,7 +538,8 @@ class SGWithinGibbs(SGWrapper):
             deps = prior_dependencies(potential.model, model_args, model_kwargs)
             self._hyper_names = _resolve_hyper_sites(self._hyper_option, potential, model_args, model_kwargs,
                                                      "SGWithinGibbs", deps)
-            sparse = _sparse_groups(potential, self._hyper_names, model_args, model_kwargs, deps)
+            groups = _group_sites(potential, self._hyper_names, model_args, model_kwargs, deps)
+            sparse = _sparse_groups(groups, potential)
             if sparse:
                 site, groups = sparse[0]
                 rows = min(p.subsample_size for p in potential.plates)
@@ -559,7 +552,7 @@ class SGWithinGibbs(SGWrapper):
                     f"subsample_size to at least {MIN_ROWS_PER_GROUP * groups}, or use NUTS.", UserWarning,
                     stacklevel=find_stack_level())
             else:  # the average is enough: count each group's rows
-                message = _sparse_group_message(potential, self._hyper_names, model_args, model_kwargs, deps)
+                message = _sparse_group_message(potential, list(groups), model_args, model_kwargs)
                 if message is not None:
                     warnings.warn(message, UserWarning, stacklevel=find_stack_level())
         self._z_potential = None
