@@ -1,6 +1,6 @@
 """numpyro_sgd: scalable stochastic-gradient samplers for NumPyro models."""
 
-from .base import SGAlgorithm, SGKernel, SGState, SGWrapper, StepInfo
+from .base import SampleBlock, SGAlgorithm, SGKernel, SGState, SGWrapper, StepInfo
 from .constant_sgd import ConstantSGD, ConstantSGDState, constant_sgd
 from .diagnostics import (
     check_run,
@@ -60,6 +60,7 @@ __all__ = [
     "PSGLD",
     "PSGLDState",
     "SGAlgorithm",
+    "SampleBlock",
     "SGFS",
     "SGFSState",
     "SGHMC",

@@ -5,10 +5,12 @@ model (a :class:`~numpyro_sgd.potential.SubsampledPotential`: plates, N, S, D) t
 chain,
 
 * ``init(rng_key, theta, num_warmup_steps) -> state``
-* ``warmup_step(rng_key, step, theta, state, oracle) -> (theta, state, info)``
 * ``sample_step(rng_key, step, theta, state, oracle) -> (theta, state, info)``
+* optional ``warmup_step`` of the same form (None: warmup is burn-in),
 * optional ``end_warmup(theta, state, oracle) -> state`` (freeze what warmup adapted),
-* optional ``end_block`` (IASG: a returned sample summarises a block of steps),
+* ``block``, a :class:`SampleBlock`: the SG steps per returned sample,
+* optional ``start_block`` / ``end_block`` around each returned sample's steps (IASG: a sample
+  summarises its block),
 
 where ``theta`` is the flat unconstrained position, ``oracle`` a
 :class:`~numpyro_sgd.potential.MinibatchOracle` (indices, minibatch potentials and gradients) and
@@ -68,11 +70,11 @@ from .potential import (
     _split_arrays,
     as_jax_args,
 )
-from .protocol import SGAlgorithm, SGState, StepInfo
+from .protocol import SampleBlock, SGAlgorithm, SGState, StepInfo
 from .sharding import DataParallelOracle, check_mesh
 from .validation import check_init_params, check_int, check_positive  # noqa: F401 - re-exported
 
-__all__ = ["SGState", "SGKernel", "SGWrapper", "SGAlgorithm", "StepInfo", "MinibatchOracle", "is_positive_scalar",
+__all__ = ["SGState", "SGKernel", "SGWrapper", "SGAlgorithm", "SampleBlock", "StepInfo", "MinibatchOracle", "is_positive_scalar",
            "pick_chain"]
 
 
@@ -396,7 +398,7 @@ class SGKernel(MCMCKernel):
 
         :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential` to sample.
         :param bool adapt_steps_per_sample: whether the algorithm may choose the SG steps per
-            returned sample at the end of warmup (``SGAlgorithm.sample_steps``: ConstantSGD with
+            returned sample at the end of warmup (``SampleBlock.chosen``: ConstantSGD with
             the full preconditioner measures its relaxation time, at the cost of a Hessian). The
             driver passes False when the user fixed ``steps_per_sample``; a wrapper passes False,
             since its own driver takes the steps per sample and it re-runs ``end_warmup`` as its
@@ -467,20 +469,39 @@ class SGKernel(MCMCKernel):
             init_strategy=self._init_strategy, kernel_name=type(self).__name__, subsample_size=self._subsample_size,
         )
         self._algorithm = alg = self._own_algorithm(self._potential)
-        if alg.window is not None:
-            self._steps_per_sample = alg.window
-        else:
-            self._steps_per_sample = self._steps_per_sample_option or alg.relaxation_steps or 1
+        if alg.block.summarises and self._steps_per_sample_option is not None:
+            raise ValueError(
+                f"{type(self).__name__}: a returned sample of this algorithm summarises a block of "
+                f"{alg.block.steps} SG steps (IASG: the window's mean), so steps_per_sample cannot be "
+                "set; leave it out (IASG: pass window=T)."
+            )
+        self._steps_per_sample = self._block_steps()
         return alg
+
+    def _block_steps(self, state=None):
+        """SG steps per returned sample, decided here only, from ``SGAlgorithm.block``
+        (:class:`SampleBlock`): a summarising block's own length; else the user's
+        ``steps_per_sample``; else, in the sampling phase of ``state``, the steps the algorithm
+        chose at the end of warmup (a traced count, one for all chains, which share the step
+        counter); else the algorithm's relaxation time; else 1."""
+        block = self._get_algorithm().block
+        if block.summarises:
+            return block.steps
+        if self._steps_per_sample_option is not None:
+            return self._steps_per_sample_option
+        if state is not None and block.chosen is not None:
+            return jnp.max(block.chosen(state.kernel_state))
+        return block.steps or 1
 
     def _warmup_steps(self, num_warmup):
         """SG steps per warmup iteration: the ``warmup_passes`` budget spread over ``num_warmup``
-        iterations, or ``steps_per_sample`` (IASG's window; no ``warmup_passes`` with an explicit
-        ``steps_per_sample`` or an algorithm without a relaxation time; a traced ``num_warmup``)."""
-        passes = self._warmup_passes
-        if passes is None and self._steps_per_sample_option is None and self._algorithm.relaxation_steps:
+        iterations, or ``steps_per_sample`` (a summarising block such as IASG's window; no
+        ``warmup_passes`` with an explicit ``steps_per_sample`` or an algorithm without a
+        relaxation time; a traced ``num_warmup``)."""
+        passes, block = self._warmup_passes, self._algorithm.block
+        if passes is None and self._steps_per_sample_option is None and block.steps and not block.summarises:
             passes = DEFAULT_WARMUP_PASSES
-        if self._algorithm.window is not None or passes is None or _is_tracer(num_warmup) or num_warmup < 1:
+        if block.summarises or passes is None or _is_tracer(num_warmup) or num_warmup < 1:
             return self._steps_per_sample
         total = math.ceil(passes * self._potential.steps_per_pass)
         return max(1, math.ceil(total / num_warmup))
@@ -646,13 +667,11 @@ class SGKernel(MCMCKernel):
         return model_args, model_kwargs
 
     def _plain_burn_in(self):
-        """Whether warmup is sampling under another name: nothing adapts, and a warmup iteration is
-        a sampling iteration (same step, minibatch law and number of steps). Then NumPyro's
-        warmup iterations simply sample, in the one compiled program; otherwise warmup runs
-        inside :meth:`init` (``_warmup``)."""
-        alg = self._get_algorithm()
-        return (alg.end_warmup is None and alg.sample_steps is None and alg.warmup_step is alg.sample_step
-                and self._warmup_subsample == self._subsample
+        """Whether warmup is sampling under another name: the algorithm's warmup is burn-in
+        (:attr:`SGAlgorithm.burn_in`), and a warmup iteration is a sampling iteration (same
+        minibatch law and number of steps). Then NumPyro's warmup iterations simply sample, in the
+        one compiled program; otherwise warmup runs inside :meth:`init` (``_warmup``)."""
+        return (self._get_algorithm().burn_in and self._warmup_subsample == self._subsample
                 and self._warmup_steps_per_iteration == self._steps_per_sample)
 
     def _iteration(self, state, model_args, model_kwargs, warmup):
@@ -696,14 +715,11 @@ class SGKernel(MCMCKernel):
             state = state._replace(kernel_state=ks)
         if warmup:
             k = self._warmup_steps_per_iteration
-            state, theta = over_chains(block(alg.warmup_step, self._warmup_subsample, k))(state, theta)
+            state, theta = over_chains(block(alg.step(warmup=True), self._warmup_subsample, k))(state, theta)
             if alg.end_warmup is not None:
                 state, theta = lax.cond(i + k >= w, over_chains(end_warmup), lambda *c: c, state, theta)
         else:
-            k = self._steps_per_sample
-            if alg.sample_steps is not None and self._steps_per_sample_option is None:
-                # chosen at the end of warmup (a traced count; one for all chains, which share i)
-                k = jnp.max(alg.sample_steps(state.kernel_state))
+            k = self._block_steps(state)
             state, theta = over_chains(block(alg.sample_step, self._subsample, k))(state, theta)
         if alg.end_block is not None:
             def end_block(s, theta, sampling):

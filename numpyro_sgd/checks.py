@@ -110,8 +110,8 @@ def check_problem_size(name, potential):
 
 def warn_short_blocks(name, algorithm, steps_per_sample):
     """Warn when an explicit ``steps_per_sample`` is far below the relaxation time."""
-    relax, k = algorithm.relaxation_steps, steps_per_sample
-    if relax is None or algorithm.window is not None or k * RELAXATION_WARN_FACTOR >= relax:
+    relax, k = algorithm.block.steps, steps_per_sample
+    if relax is None or algorithm.block.summarises or k * RELAXATION_WARN_FACTOR >= relax:
         return
     warnings.warn(
         f"{name}: steps_per_sample={k} returns a draw every {k / relax:.2g} of the "

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import random
 
-from .base import SGAlgorithm, SGKernel, StepInfo, pick_chain
+from .base import SampleBlock, SGAlgorithm, SGKernel, StepInfo, pick_chain
 from .noise import (
     PRECONDITIONERS,
     apply_preconditioner,
@@ -155,9 +155,9 @@ def constant_sgd(potential, preconditioner="auto", *, step_size=None, momentum=1
     # Q ≈ (N/S) A gives P A ≈ (2S/N) I, an AR(1) with ρ = 1 − 2S/N whose integrated
     # autocorrelation time (1 + ρ)/(1 − ρ) is ≈ N/S steps (a user ε sets its own time scale);
     # with the full P the end of warmup measures it (misspecified models: several passes)
-    return SGAlgorithm(init, warmup_step, sample_step, end_warmup,
-                       relaxation_steps=potential.steps_per_pass if step_size is None else None,
-                       sample_steps=(lambda state: state.steps_per_sample) if adapts_steps else None,
+    block = SampleBlock(steps=potential.steps_per_pass if step_size is None else None,
+                        chosen=(lambda state: state.steps_per_sample) if adapts_steps else None)
+    return SGAlgorithm(init, sample_step, warmup_step=warmup_step, end_warmup=end_warmup, block=block,
                        describe=_describe)
 
 

@@ -161,7 +161,7 @@ def ewsg(potential, step_size=None, friction=None, num_index_steps=1, x_estimate
         # M = 0 (SGHMC): one uniform minibatch; M > 0: the index chain chose it among M + 1
         return theta, state, StepInfo(pe, (m + 1) * oracle.batch_size, indices, m == 0)
 
-    return with_default_underdamped_steps(SGAlgorithm(init, step, step, describe=describe_index_chain), potential,
+    return with_default_underdamped_steps(SGAlgorithm(init, step, describe=describe_index_chain), potential,
                                           name, step_size, friction, target_inflation, subsample, warmup_options)
 
 
@@ -304,7 +304,7 @@ def overdamped_ewsg(potential, step_size=None, num_index_steps=1, *, target_infl
         info = StepInfo(pe, (m + 1) * oracle.batch_size, indices, m == 0)  # M = 0 (SGLD): one uniform minibatch
         return theta, count_index_moves(state, accepted, m), info
 
-    return with_default_overdamped_step(SGAlgorithm(init, step, step, describe=describe_index_chain), potential, name,
+    return with_default_overdamped_step(SGAlgorithm(init, step, describe=describe_index_chain), potential, name,
                                         step_size, target_inflation, subsample, warmup_options)
 
 
@@ -463,7 +463,7 @@ def ewsg_vr(potential, step_size, friction, num_index_steps=1, x_estimate="momen
         evals = (m + 2) * s + jnp.where(calibrate, n, 0)
         return new_theta, state, StepInfo(pe, evals, idx, False)
 
-    return SGAlgorithm(init, step, step, describe=describe_index_chain)
+    return SGAlgorithm(init, step, describe=describe_index_chain)
 
 
 class EWSGVR(_IndexChainKernel):

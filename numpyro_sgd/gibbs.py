@@ -390,9 +390,9 @@ def sg_within_gibbs(inner, potential, hyper_names, target_accept_prob=0.8, max_t
         hyper += f", {div} φ divergences" if div else ""
         return f"{text}, {hyper}" if text else hyper
 
-    return SGAlgorithm(init, inner_step(algorithm.warmup_step), inner_step(algorithm.sample_step), end_warmup,
-                       window=algorithm.window, relaxation_steps=algorithm.relaxation_steps, end_block=end_block,
-                       describe=describe, iterates_are_samples=algorithm.iterates_are_samples)
+    # a warmup step of its own even when the inner warmup is burn-in: φ's NUTS adapts in warmup
+    return SGAlgorithm(init, inner_step(algorithm.sample_step), warmup_step=inner_step(algorithm.step(warmup=True)),
+                       end_warmup=end_warmup, block=algorithm.block, end_block=end_block, describe=describe)
 
 
 class SGWithinGibbs(SGWrapper):
@@ -557,7 +557,7 @@ class SGWithinGibbs(SGWrapper):
                     warnings.warn(message, UserWarning, stacklevel=find_stack_level())
         self._z_potential = None
         algorithm = sg_within_gibbs(self.inner_algorithm, potential, self._hyper_names, **self._nuts_options)
-        if not algorithm.iterates_are_samples:
+        if algorithm.block.summarises:
             raise ValueError(
                 f"SGWithinGibbs: {type(self._inner).__name__}'s returned draws are averages of its iterates, not "
                 "draws of z given φ, so φ cannot be updated from them; wrap ConstantSGD, SGFS, SGLD or SGHMC."

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from jax.scipy.linalg import cho_solve
 from numpyro.util import find_stack_level
 
-from .base import SGAlgorithm, SGKernel, StepInfo, pick_chain
+from .base import SampleBlock, SGAlgorithm, SGKernel, StepInfo, pick_chain
 from .noise import apply_preconditioner, fisher_curvature, regularized_cholesky, resolve_preconditioner
 from .theory import averaged_variance_shortfall, iasg_validity, iterate_average_covariance
 from .validation import check_int, check_number, check_positive
@@ -154,9 +154,10 @@ def iasg(potential, step_size=None, window=None, preconditioner="auto", *, windo
          subsample="with_replacement", name="IASG", validity_warning=None, **warmup_options):
     """The IASG algorithm (:class:`IASG`) for a traced model.
 
-    Its ``window`` is the resolved T (the driver's SG steps per returned sample) and its
-    iterates are not samples (``iterates_are_samples=False``): a returned sample is the
-    ``end_block`` mean of a window.
+    Its block (:class:`~numpyro_sgd.SampleBlock`) is the resolved window of T SG steps, and a
+    returned sample summarises it (``summarises=True``): ``start_block`` restarts the window from
+    the last iterate and ``end_block`` returns the window's mean, so the iterates themselves are
+    not samples.
 
     :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential` (plates, N, S, D).
     :param float step_size: ε (None: the default rule of :class:`IASG`).
@@ -244,9 +245,9 @@ def iasg(potential, step_size=None, window=None, preconditioner="auto", *, windo
         mean = jnp.where(sampling & (state.num_averaged > 0), state.iterate_sum / count, theta)
         return rng_key, mean, state._replace(iterate=theta), jnp.zeros((), jnp.int32)
 
-    return SGAlgorithm(init, warmup_step, sample_step, end_warmup, window=t, start_block=start_block,
-                       end_block=end_block, describe=lambda state: f"ε {float(state.step_size):.3g}",
-                       iterates_are_samples=False)
+    return SGAlgorithm(init, sample_step, warmup_step=warmup_step, end_warmup=end_warmup,
+                       block=SampleBlock(steps=t, summarises=True), start_block=start_block,
+                       end_block=end_block, describe=lambda state: f"ε {float(state.step_size):.3g}")
 
 
 class IASG(SGKernel):

@@ -1,6 +1,6 @@
 """The protocol between the driver and the algorithms: :class:`SGAlgorithm` (what an algorithm
-provides), :class:`StepInfo` (what one of its steps reports) and :class:`SGState` (the driver's
-per-chain state). The bottom of the package's layering: it imports nothing of the package, so
+provides, with :class:`SampleBlock`), :class:`StepInfo` (what one of its steps reports) and
+:class:`SGState` (the driver's per-chain state). The bottom of the package's layering: it imports nothing of the package, so
 the algorithms, the warmup adapter and the driver (:mod:`numpyro_sgd.base`) all import it.
 """
 
@@ -10,7 +10,7 @@ from typing import Callable, NamedTuple, Optional
 
 import jax.numpy as jnp
 
-__all__ = ["SGAlgorithm", "SGState", "StepInfo"]
+__all__ = ["SampleBlock", "SGAlgorithm", "SGState", "StepInfo"]
 
 
 class StepInfo(NamedTuple):
@@ -29,23 +29,46 @@ class StepInfo(NamedTuple):
     one_minibatch: bool
 
 
-class SGAlgorithm(NamedTuple):
-    """A stochastic-gradient algorithm as pure per-chain functions (see the module docstring)."""
+class SampleBlock(NamedTuple):
+    """How many SG steps make one returned sample, and what the sample is: the one field of
+    :class:`SGAlgorithm` the driver reads the steps per sample from (``SGKernel._block_steps``).
 
+    The driver takes, in this order: ``steps`` when the sample summarises the block (the user
+    cannot change it); the user's ``steps_per_sample``; in the sampling phase, ``chosen``; then
+    ``steps``; then 1.
+    """
+
+    #: SG steps one returned sample needs: the relaxation time of the sampled chain (about N/S
+    #: for the KL-optimal kernels) or, for a summarising block, its length (IASG's window T);
+    #: None: unknown (1 step, and a warmup iteration takes as many steps as a sampling one)
+    steps: Optional[int] = None
+    #: ``state -> int32``: the steps per sample the algorithm chose at the end of warmup (at
+    #: least ``steps``; ConstantSGD-full measures its relaxation time); None: ``steps``
+    chosen: Optional[Callable] = None
+    #: whether a returned sample summarises its block (IASG: the mean of the window's iterates):
+    #: the block's length is then the algorithm's, and its iterates are not posterior draws, so a
+    #: wrapper that needs draws (VariationalEM's λ-step, SGWithinGibbs's φ given z) takes one
+    #: returned sample instead or refuses the algorithm
+    summarises: bool = False
+
+
+class SGAlgorithm(NamedTuple):
+    """A stochastic-gradient algorithm as pure per-chain functions (see the module docstring).
+
+    ``docs/internals.md`` lists every field with the reason it exists.
+    """
+
+    #: ``(rng_key, theta, num_warmup_steps) -> state``: the algorithm's state of one chain
     init: Callable
-    warmup_step: Callable
+    #: ``(rng_key, step, theta, state, oracle) -> (theta, state, StepInfo)``: one sampling step
     sample_step: Callable
+    #: the same for a warmup step; None: warmup is burn-in, the sampling step run before the
+    #: draws are kept (see :attr:`burn_in`)
+    warmup_step: Optional[Callable] = None
     #: ``(theta, state, oracle) -> state``: freeze what warmup adapted (None: nothing is adapted)
     end_warmup: Optional[Callable] = None
-    #: SG steps per returned sample if the algorithm fixes it (IASG's window); None: the driver's
-    window: Optional[int] = None
-    #: SG steps in which the sampled chain forgets where it was (about N/S for the KL-optimal
-    #: kernels), the driver's default ``steps_per_sample``; None: unknown (default 1)
-    relaxation_steps: Optional[int] = None
-    #: ``state -> int32``: the steps per returned sample the algorithm chose at the end of warmup
-    #: (at least ``relaxation_steps``; ConstantSGD-full measures its relaxation time), used
-    #: when the user gives no ``steps_per_sample``; None: ``relaxation_steps``
-    sample_steps: Optional[Callable] = None
+    #: the SG steps per returned sample (:class:`SampleBlock`)
+    block: SampleBlock = SampleBlock()
     #: ``(theta, state) -> (theta, state)`` before the steps of one returned sample
     start_block: Optional[Callable] = None
     #: ``(rng_key, theta, state, oracle, sampling) -> (rng_key, theta, state, num_grad_evals)``
@@ -55,9 +78,17 @@ class SGAlgorithm(NamedTuple):
     end_block: Optional[Callable] = None
     #: ``state -> str``: kernel-specific progress-bar text
     describe: Optional[Callable] = None
-    #: whether every SG iterate is a draw of the sampled law (False for IASG, whose draws are
-    #: window averages); wrappers that need posterior draws (VariationalEM) read it
-    iterates_are_samples: bool = True
+
+    @property
+    def burn_in(self):
+        """Whether warmup adapts nothing: no warmup step of its own, nothing frozen at its end and
+        no steps per sample chosen there. The driver then runs warmup as sampling iterations in
+        NumPyro's one compiled loop, instead of as a program of its own inside ``init``."""
+        return self.warmup_step is None and self.end_warmup is None and self.block.chosen is None
+
+    def step(self, warmup):
+        """The step of the phase: ``warmup_step`` in warmup (the sampling step if it is None)."""
+        return self.warmup_step if warmup and self.warmup_step is not None else self.sample_step
 
 
 class SGState(NamedTuple):

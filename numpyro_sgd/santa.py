@@ -249,7 +249,7 @@ def santa_algorithm(potential, step_size=None, anneal=False, *, schedule=None, b
         return f"{phase}, β {float(state.beta):.3g}"
 
     # a given step: no adaptation, warmup is burn-in with the sampling dynamics (the same function, no phase switch)
-    algorithm = SGAlgorithm(init, step, step, describe=describe)
+    algorithm = SGAlgorithm(init, step, describe=describe)
     if step_size is not None:
         return algorithm
 

@@ -19,7 +19,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 from jax import lax, random
 
-from .base import SGAlgorithm, SGKernel, StepInfo, pick_chain
+from .base import SampleBlock, SGAlgorithm, SGKernel, StepInfo, pick_chain
 from .noise import (
     NoiseState,
     discrete_time_correction,
@@ -145,7 +145,8 @@ def sgfs(potential, preconditioner="auto", *, step_size=1.0, max_step=None, refr
 
     # 2 M⁻¹ A ≈ (2S/N) I as for ConstantSGD's optimum: an autocorrelation time of about one
     # data pass (longer where a step cap binds)
-    return SGAlgorithm(init, warmup_step, sample_step, end_warmup, relaxation_steps=potential.steps_per_pass,
+    return SGAlgorithm(init, sample_step, warmup_step=warmup_step, end_warmup=end_warmup,
+                       block=SampleBlock(steps=potential.steps_per_pass),
                        describe=lambda state: f"injected noise {float(jnp.mean(state.injected)):.3g}")
 
 

@@ -60,7 +60,7 @@ def sghmc(potential, step_size=None, friction=None, *, target_inflation=TARGET_I
                                                            state.friction, num_index_steps=0)
         return theta, state._replace(momentum=momentum), StepInfo(pe, oracle.batch_size, indices, True)
 
-    return with_default_underdamped_steps(SGAlgorithm(init, step, step), potential, name, step_size, friction,
+    return with_default_underdamped_steps(SGAlgorithm(init, step), potential, name, step_size, friction,
                                           target_inflation, subsample, warmup_options)
 
 

@@ -64,7 +64,7 @@ def sgld(potential, step_size=None, temperature=1.0, *, target_inflation=TARGET_
         return theta, state._replace(last_step_size=eps), StepInfo(pe, oracle.batch_size, indices, True)
 
     return with_default_overdamped_step(
-        SGAlgorithm(init, step, step, describe=lambda state: f"step size {float(state.last_step_size):.3g}"),
+        SGAlgorithm(init, step, describe=lambda state: f"step size {float(state.last_step_size):.3g}"),
         potential, name, step_size, target_inflation, subsample, warmup_options)
 
 
@@ -214,7 +214,7 @@ def psgld(potential, step_size=None, decay=0.99, damping=1e-5, *, target_inflati
         return theta, state._replace(second_moment=second, started=jnp.array(True)), StepInfo(pe, oracle.batch_size,
                                                                                              indices, True)
 
-    algorithm = SGAlgorithm(init, step, step)
+    algorithm = SGAlgorithm(init, step)
     if step_size is not None:
         return algorithm
 

@@ -120,13 +120,13 @@ def variational_em(inner, potential, optimizer):
     def warmup_step(rng_key, step, theta, state, oracle):
         # λ is held during warmup: the kernel optimises θ there (Adam, mode finding), and a joint
         # (θ, λ) ascent is the joint MAP, which runs off to λ → ∞ when the data are weak
-        new_theta, inner_state, info = inner.warmup_step(rng_key, step, theta, state.inner, at(oracle, state))
+        new_theta, inner_state, info = inner.step(warmup=True)(rng_key, step, theta, state.inner, at(oracle, state))
         return new_theta, state._replace(inner=inner_state), info
 
     def sample_step(rng_key, step, theta, state, oracle):
         new_theta, inner_state, info = inner.sample_step(rng_key, step, theta, state.inner, at(oracle, state))
         state = state._replace(inner=inner_state)
-        if not inner.iterates_are_samples:
+        if inner.block.summarises:
             return new_theta, state, info  # λ moves once per returned sample (end_block)
         # Eq. 26: the θ-step's minibatch and θ_t when the step used one minibatch of the oracle's
         # law; a step that used several (EWSG's index chain picks a non-uniform one) gets a fresh one
@@ -154,7 +154,7 @@ def variational_em(inner, potential, optimizer):
 
         def per_sample(carry):
             key, state, evals = carry
-            if not inner.iterates_are_samples:  # one λ-step at the returned draw, on a fresh minibatch
+            if inner.block.summarises:  # one λ-step at the returned draw, on a fresh minibatch
                 key, k_idx = random.split(key)
                 state = hyper_step(state, theta, oracle.draw(k_idx), oracle)
                 evals = evals + oracle.batch_size
@@ -168,7 +168,7 @@ def variational_em(inner, potential, optimizer):
         return rng_key, theta, state, evals
 
     needs_block_end = (inner.end_block is not None or inner.end_warmup is not None
-                       or not inner.iterates_are_samples)
+                       or inner.block.summarises)
 
     def describe(state):
         text = inner.describe(state.inner) if inner.describe is not None else ""
@@ -177,10 +177,10 @@ def variational_em(inner, potential, optimizer):
         values += f", {rejected} λ-steps rejected" if rejected else ""
         return f"{text}, {values}" if text else values
 
-    return SGAlgorithm(init, warmup_step, sample_step, end_warmup, window=inner.window, start_block=start_block,
-                       relaxation_steps=inner.relaxation_steps,
-                       end_block=end_block if needs_block_end else None, describe=describe,
-                       iterates_are_samples=inner.iterates_are_samples)
+    # warmup_step always differs from sample_step (λ is held in warmup): never burn-in
+    return SGAlgorithm(init, sample_step, warmup_step=warmup_step, end_warmup=end_warmup, block=inner.block,
+                       start_block=start_block, end_block=end_block if needs_block_end else None,
+                       describe=describe)
 
 
 class VariationalEM(SGWrapper):

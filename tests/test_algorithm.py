@@ -45,7 +45,7 @@ def scan_by_hand(kernel, key):
 
         return jax.lax.scan(body, (key, theta, state), i0 + jnp.arange(n))
 
-    (key, theta, state), _ = run(alg.warmup_step, 0, WARMUP)
+    (key, theta, state), _ = run(alg.step(warmup=True), 0, WARMUP)
     if alg.end_warmup is not None:
         state = alg.end_warmup(theta, state, oracle)
     _, (draws, info) = run(alg.sample_step, WARMUP, SAMPLES)

@@ -112,7 +112,7 @@ def test_kernel_draws_are_a_loop_of_the_exported_step(make, body, request):
     def warm(carry, i):
         key, theta, state = carry
         key, k_step = random.split(key)
-        theta, state, _ = alg.warmup_step(k_step, i, theta, state, oracle)
+        theta, state, _ = alg.step(warmup=True)(k_step, i, theta, state, oracle)
         return (key, theta, state), None
 
     (key, theta, state), _ = jax.lax.scan(warm, (key, theta, state), jnp.arange(WARMUP))

@@ -244,3 +244,19 @@ def test_scalar_preconditioner_is_h_equal_identity():
     assert state.preconditioner.shape == ()  # H = I: P = ε/N, a scalar
     np.testing.assert_allclose(float(state.preconditioner), 0.2 / x.shape[0])
 
+
+
+def test_driver_refuses_steps_per_sample_for_a_summarising_block():
+    """A sample that summarises its block (SampleBlock.summarises) fixes the block's length: the
+    driver refuses a steps_per_sample for any such algorithm (IASG refuses it at construction;
+    here a kernel built directly on `iasg`), instead of letting the window silently win."""
+    from numpyro_sgd.base import SGKernel
+    from numpyro_sgd.iasg import iasg
+
+    class Averaged(SGKernel):
+        def _build(self, potential, adapt_steps_per_sample=True):
+            return iasg(potential, step_size=0.1, preconditioner="scalar", check_validity=False)
+
+    mcmc = MCMC(Averaged(model, steps_per_sample=3), num_warmup=2, num_samples=2, progress_bar=False)
+    with pytest.raises(ValueError, match="summarises a block of .* steps_per_sample cannot be set"):
+        mcmc.run(jax.random.key(0), *_small())
