@@ -1,0 +1,397 @@
+"""The rows of ``docs/robustness.md`` that no other module tested (issue 30: "Everything in
+docs/robustness.md that it calls checked has a test").
+
+Each test gives the smallest input that the row calls bad and asserts the message the row
+promises (its type and its distinctive words); where a check could fire on everything, a good
+input beside it must pass. The other rows are tested where their feature is (the list at the end
+of ``docs/robustness.md``). Most checks here raise at construction or at ``init``, before any
+sampling; the runs are a few dozen SG steps on at most 1,000 rows.
+"""
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from jax.sharding import Mesh
+from numpyro.distributions import constraints
+from numpyro.infer import MCMC
+
+from numpyro_sgd import EWSG, IASG, SGFS, SGLD, ConstantSGD, SGWithinGibbs, VariationalEM, check_run
+from numpyro_sgd.diagnostics import compare, nuts_reference, to_arviz
+from numpyro_sgd.loo import loo_subsample
+
+N = 1_000
+_rng = np.random.default_rng(0)
+X = jnp.asarray(_rng.standard_normal((N, 2)))
+Y = X @ jnp.array([1.0, -0.5]) + jnp.asarray(_rng.standard_normal(N))
+
+
+def model(X, Y, subsample_size=50):
+    w = numpyro.sample("w", dist.Normal(0, 1).expand([2]).to_event(1))
+    with numpyro.plate("data", X.shape[0], subsample_size=subsample_size) as idx:
+        numpyro.sample("y", dist.Normal(X[idx] @ w, 1.0), obs=Y[idx])
+
+
+def _init(kernel, *args):
+    return kernel.init(jax.random.key(0), 10, None, args, {})
+
+
+# ---------------------------------------------------------------------------- at construction
+@pytest.mark.parametrize("value", [0, -1.0])
+def test_warmup_passes_out_of_range_names_the_range(value):
+    # row "argument types and ranges": warmup_passes is the one listed argument without a range test
+    with pytest.raises(ValueError, match=rf"ConstantSGD: warmup_passes must be a positive number of data passes or "
+                                         rf"None \(default \d+\), got {re.escape(repr(value))}\."):
+        ConstantSGD(model, warmup_passes=value)
+
+
+# ---------------------------------------------------------------------------- at init
+def test_numpy_array_closed_over_and_indexed_by_the_plate_names_cause_and_fix():
+    """The row's second example (the first, len(np.unique(group)), is in test_input_errors.py): a
+    NumPy array closed over by the model, indexed with the plate's traced indices."""
+    X_np = np.asarray(X)
+
+    def closed_over(Y):
+        w = numpyro.sample("w", dist.Normal(0, 1).expand([2]).to_event(1))
+        with numpyro.plate("data", N, subsample_size=50) as idx:
+            numpyro.sample("y", dist.Normal(X_np[idx] @ w, 1.0), obs=Y[idx])
+
+    with pytest.raises(TypeError, match=r"ConstantSGD: the model calls NumPy or Python on a value the sampler traces "
+                                        r"\(TracerArrayConversionError\).*a NumPy array closed over by the model and "
+                                        r"indexed with the plate's indices") as info:
+        _init(ConstantSGD(closed_over), Y)
+    assert isinstance(info.value.__cause__, jax.errors.TracerArrayConversionError)  # raised `from` JAX's error
+
+
+def test_unbatched_scalar_init_params_with_vectorized_chains_stop_in_numpyro():
+    """The row says what happens when the first site is a scalar: NumPyro's MCMC.run reads the
+    leading dimension of init_params itself and raises IndexError before the kernel is called (the
+    kernel's own message, for a site with a dimension, is tested in test_input_errors.py)."""
+    def scalar_site(Y):
+        m = numpyro.sample("m", dist.Normal(0, 1))
+        with numpyro.plate("data", Y.shape[0], subsample_size=50) as idx:
+            numpyro.sample("y", dist.Normal(m, 1.0), obs=Y[idx])
+
+    kernel = ConstantSGD(scalar_site)
+    mcmc = MCMC(kernel, num_warmup=10, num_samples=5, num_chains=2, chain_method="vectorized", progress_bar=False)
+    with pytest.raises(IndexError, match="tuple index out of range"):
+        mcmc.run(jax.random.key(0), Y, init_params={"m": jnp.asarray(0.0)})
+    assert not kernel.is_initialized  # NumPyro raised before calling the kernel
+
+
+def test_sgfs_steps_per_sample_far_below_relaxation_warns():
+    """The row names ConstantSGD and SGFS (ConstantSGD's warning is in test_constant_sgd.py):
+    N/S = 20 SG steps relax the chain, so steps_per_sample=1 returns near-copies."""
+    # num_warmup=0: the check runs before the warmup, which need not be compiled here (so init
+    # also warns that no warmup step estimates the noise: the row "the noise warmup averaged too few")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*cannot estimate the gradient noise")
+        with pytest.warns(UserWarning, match=r"SGFS: steps_per_sample=1 returns a draw every 0.05 of the chain's "
+                                             r"relaxation time \(20 SG steps.*effective sample size is about "
+                                             r"num_samples × 0.05"):
+            SGFS(model, steps_per_sample=1).init(jax.random.key(0), 0, None, (X, Y), {})
+    with warnings.catch_warnings(record=True) as record:  # at the relaxation time: no such warning
+        warnings.simplefilter("always")
+        SGFS(model, steps_per_sample=20).init(jax.random.key(0), 0, None, (X, Y), {})
+    assert not [w for w in record if "relaxation time" in str(w.message)], [str(w.message) for w in record]
+
+
+def two_plates(X, Y, Z):
+    w = numpyro.sample("w", dist.Normal(0, 1).expand([2]).to_event(1))
+    with numpyro.plate("data", X.shape[0], subsample_size=50) as idx:
+        numpyro.sample("y", dist.Normal(X[idx] @ w, 1.0), obs=Y[idx])
+    with numpyro.plate("other", Z.shape[0], subsample_size=50) as j:
+        numpyro.sample("z", dist.Normal(w[0], 1.0), obs=Z[j])
+
+
+# a mesh over this process's one device is enough for every refusal but the divisibility one
+@pytest.mark.parametrize("make, args, match", [
+    (lambda: ConstantSGD(model, mesh=Mesh(np.array(jax.devices()), ("x",))), (X, Y),
+     r"ConstantSGD: the mesh has no axis 'data' \(its axes: \('x',\)\); pass mesh_axis= one of them"),
+    (lambda: ConstantSGD(two_plates, mesh=Mesh(np.array(jax.devices()), ("data",))), (X, Y, Y),
+     r"ConstantSGD: mesh= supports models with one subsample plate; this one has \['data', 'other'\]"),
+    (lambda: ConstantSGD(model, mesh=Mesh(np.array(jax.devices()), ("data",)), warmup_subsample="shuffle"), (X, Y),
+     r"ConstantSGD: warmup_subsample='shuffle' is not supported with mesh=; use 'with_replacement'"),
+], ids=["no-mesh-axis", "two-plates", "shuffle"])
+def test_mesh_that_the_data_parallel_step_cannot_use_is_refused(make, args, match):
+    with pytest.raises(ValueError, match=match):
+        _init(make(), *args)
+
+
+def test_mesh_with_an_ewsg_kernel_is_refused_at_construction():
+    with pytest.raises(ValueError, match=r"EWSG: mesh= is not supported: this kernel draws its minibatch indices by "
+                                         r"its own rule"):
+        EWSG(model, step_size=1e-3, friction=1.0, mesh=Mesh(np.array(jax.devices()), ("data",)))
+
+
+MESH_SIZES = textwrap.dedent("""
+    import jax, numpy as np, numpyro, numpyro.distributions as dist
+    from jax.sharding import Mesh
+    from numpyro_sgd import ConstantSGD
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    def with_minibatch(s):  # S closed over (an S model argument is traced on the mesh path)
+        def model(X):
+            m = numpyro.sample("m", dist.Normal(0, 1))
+            with numpyro.plate("data", X.shape[0], subsample_size=s) as idx:
+                numpyro.sample("x", dist.Normal(m, 1.0), obs=X[idx])
+        return model
+    for n, s in ((999, 50), (1000, 25), (1000, 50)):
+        X = jax.numpy.asarray(np.random.default_rng(0).standard_normal(n))
+        try:
+            ConstantSGD(with_minibatch(s), mesh=mesh).init(jax.random.key(0), 10, None, (X,), {})
+            print("accepted", n, s)
+        except ValueError as e:
+            print("ValueError:", e)
+""")
+
+
+def test_mesh_over_devices_that_do_not_divide_n_or_s_is_refused():
+    """Two host devices, forced in a subprocess (XLA_FLAGS must be set before JAX starts): N odd,
+    then S odd, are refused naming both sizes and the fix; N and S even are accepted."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", MESH_SIZES], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 3, out.stdout
+    for line, (n, s) in zip(lines[:2], ((999, 50), (1000, 25))):
+        assert re.search(rf"ValueError: ConstantSGD: with mesh= over 2 devices, plate 'data' needs N = {n} and "
+                         rf"S = {s} divisible by 2 .*choose subsample_size a multiple of 2", line), line
+    assert lines[2] == "accepted 1000 50", lines[2]
+
+
+# ---------------------------------------------------------------------------- SGWithinGibbs at init
+J = 4
+_g = np.repeat(np.arange(J), N // J)
+GROUPS, GROUP_Y = jnp.asarray(_g), jnp.asarray(_rng.normal((1.0 + _rng.normal(size=J))[_g], 1.0))
+
+
+def centred(g, y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    tau = numpyro.sample("tau", dist.HalfNormal(2.0))
+    with numpyro.plate("groups", J):
+        z = numpyro.sample("z", dist.Normal(mu, tau))
+    with numpyro.plate("data", y.shape[0], subsample_size=100) as idx:
+        numpyro.sample("y", dist.Normal(z[g[idx]], 1.0), obs=y[idx])
+
+
+def no_latent_reads_the_data(g, y):
+    """Every latent is a hyperparameter: none is a parent of the observed site."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+    tau = numpyro.sample("tau", dist.HalfNormal(2.0))
+    with numpyro.plate("groups", J):
+        numpyro.sample("z", dist.Normal(mu, tau))
+    with numpyro.plate("data", y.shape[0], subsample_size=100) as idx:
+        numpyro.sample("y", dist.Normal(0.0, 1.0), obs=y[idx])
+
+
+@pytest.mark.parametrize("hyper_sites", [None, ["mu", "tau", "z"]], ids=["detected", "given"])
+def test_sg_within_gibbs_with_every_latent_a_hyper_site_is_refused(hyper_sites):
+    with pytest.raises(ValueError, match=r"SGWithinGibbs: every latent site is a hyper site; at least one must be "
+                                         r"left to the SG kernel"):
+        _init(SGWithinGibbs(ConstantSGD(no_latent_reads_the_data), hyper_sites=hyper_sites), GROUPS, GROUP_Y)
+
+
+def test_sg_within_gibbs_around_iasg_is_refused():
+    with warnings.catch_warnings(), pytest.raises(
+            ValueError, match=r"SGWithinGibbs: IASG's returned draws are averages of its iterates, not draws of z "
+                              r"given φ.*wrap ConstantSGD, SGFS, SGLD or SGHMC"):
+        warnings.filterwarnings("ignore", message=r"IASG: the window T = \d+ is short")  # N/S = 10: tested elsewhere
+        _init(SGWithinGibbs(IASG(centred)), GROUPS, GROUP_Y)
+
+
+# ---------------------------------------------------------------------------- a frozen chain
+def cusp(X, Y):
+    """A potential with a cusp at w = 0: finite there, its gradient is not."""
+    w = numpyro.sample("w", dist.Normal(0, 1))
+    numpyro.factor("cusp", -jnp.sqrt(jnp.abs(w)))
+    with numpyro.plate("data", X.shape[0], subsample_size=50) as idx:
+        numpyro.sample("y", dist.Normal(X[idx, 0] * w, 1.0), obs=Y[idx])
+
+
+@pytest.fixture(scope="module")
+def frozen():
+    """ConstantSGD without warmup (no noise estimate, so every step is rejected: the row "the
+    noise warmup averaged too few minibatches") started at the cusp: all 20 draws are w = 0."""
+    mcmc = MCMC(ConstantSGD(cusp, steps_per_sample=1), num_warmup=0, num_samples=20, progress_bar=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "cannot estimate the gradient noise": tested elsewhere
+        mcmc.run(jax.random.key(0), X, Y, init_params={"w": jnp.asarray(0.0)})
+    assert int(mcmc.last_state.num_divergences) == 20
+    assert np.all(np.asarray(mcmc.get_samples()["w"]) == 0.0)
+    return mcmc
+
+
+def test_progress_text_counts_the_rejected_steps(frozen):
+    # the text tqdm draws (rendered when drawn: tests/test_run_checks.py checks the final line)
+    text = f"{frozen.sampler.get_diagnostics_str(frozen.last_state)}"
+    assert re.search(r"\b20 divergences\b", text), text
+
+
+def test_check_run_says_undefined_r_hat_and_ess_in_words(frozen):
+    """No variance within a chain half: split R-hat and bulk ESS divide by zero; the messages say
+    so in words instead of printing nan or inf."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the other messages, re-issued by pytest.warns: checked below
+        with pytest.warns(UserWarning, match=r"ConstantSGD: bulk ESS undefined \(the coordinate has no variance "
+                                             r"within a chain half: the chain did not move\) < 10 for w") as record:
+            messages = check_run(frozen, gradient=False)
+    assert any(re.search(r"ConstantSGD: split R-hat undefined \(the coordinate has no variance within a chain half: "
+                         r"the chain did not move\) > 1.1 for w", m) for m in messages), messages
+    assert [str(w.message) for w in record if issubclass(w.category, UserWarning)] == messages
+    assert not any(re.search(r"\b(nan|-?inf)\b", m) for m in messages), messages
+
+
+def test_check_run_says_a_non_finite_gradient_at_the_mean_in_words(frozen):
+    """The chain's mean is w = 0, where the full-data gradient is not finite: the mode-offset check
+    says it cannot measure the distance, and does not raise."""
+    messages = check_run(frozen, warn=False)
+    assert any(re.search(r"ConstantSGD: the full-data gradient at chain 0's mean is not finite, so its distance "
+                         r"from the mode cannot be measured", m) for m in messages), messages
+    assert not any("posterior sds from the mode" in m for m in messages), messages
+
+
+# ---------------------------------------------------------------------------- VariationalEM progress text
+def vem_model(x, y):
+    lam = numpyro.param("lam", 1.0, constraint=constraints.positive)
+    noise = numpyro.param("noise", 1.0, constraint=constraints.positive)
+    w = numpyro.sample("w", dist.Normal(0, 1 / jnp.sqrt(lam)).expand([x.shape[1]]).to_event(1))
+    with numpyro.plate("data", y.shape[0], subsample_size=20) as idx:
+        numpyro.sample("y", dist.Normal(x[idx] @ w, noise), obs=y[idx])
+
+
+def test_rejected_lambda_steps_are_shown_in_the_progress_text():
+    """hyper_step_size=1e3 pushes λ off the support (as in test_options_exports.py, which checks
+    the count and the warning): the bar's text gives the number of rejected λ-steps."""
+    x = jnp.asarray(np.random.default_rng(2).normal(size=(200, 2)))
+    vem = VariationalEM(SGLD(vem_model, step_size=1e-4), hyper_step_size=1e3)
+    mcmc = MCMC(vem, num_warmup=5, num_samples=40, progress_bar=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        mcmc.run(jax.random.key(0), x, 1e-3 * x[:, 0])
+    rejected = int(mcmc.last_state.kernel_state.num_hyper_rejected)
+    assert rejected > 0
+    text = f"{vem.get_diagnostics_str(mcmc.last_state)}"
+    assert re.search(rf"\b{rejected} λ-steps rejected\b", text), text
+
+
+# ---------------------------------------------------------------------------- compare: a degenerate reference
+REF = {"w": np.random.default_rng(3).normal(size=(2, 100, 2))}
+
+
+@pytest.mark.parametrize("reference, message, kl", [
+    ({"w": np.concatenate([REF["w"][..., :1], np.full_like(REF["w"][..., 1:], 0.5)], axis=-1)},
+     "compare: the reference has zero variance in w[1]", np.inf),
+    ({"w": REF["w"] * 1e300}, "compare: the reference has non-finite moments in w[0]", np.nan),
+], ids=["frozen", "overflow"])
+def test_compare_against_a_degenerate_reference_warns(reference, message, kl):
+    """The row says "a run (or reference)"; the runs are tested in test_options_exports.py."""
+    with pytest.warns(UserWarning, match=re.escape(message)) as record:
+        table = compare({"a": REF}, reference)
+    assert not [w for w in record if issubclass(w.category, RuntimeWarning)], [str(w.message) for w in record]
+    np.testing.assert_equal(table.loc["a", ["kl_q_ref", "kl_ref_q"]].to_numpy(dtype=float), [kl, kl])
+
+
+# ---------------------------------------------------------------------------- exports after a shared kernel
+def normal_mean(y):
+    mu = numpyro.sample("mu", dist.Normal(0, 10))
+    with numpyro.plate("data", y.shape[0], subsample_size=20) as idx:
+        numpyro.sample("obs", dist.Normal(mu, 1.0), obs=y[idx])
+
+
+@pytest.fixture(scope="module")
+def shared_kernel_runs():
+    """One kernel object run on 300 rows, then on 500: it was re-initialised since the first run."""
+    kernel = SGLD(normal_mean, step_size=1e-4)
+    runs = []
+    for n in (300, 500):
+        mcmc = MCMC(kernel, num_warmup=10, num_samples=20, progress_bar=False)
+        mcmc.run(jax.random.key(0), jnp.asarray(np.random.default_rng(n).normal(size=n)))
+        runs.append(mcmc)
+    return runs
+
+
+def test_exports_of_a_run_whose_kernel_was_reinitialised_on_other_data_are_refused(shared_kernel_runs):
+    """to_arviz, loo_subsample and nuts_reference raise before any compute; check_run, which never
+    raises on a run it cannot judge, reports its two gradient checks as skipped with the same cause."""
+    first, second = shared_kernel_runs
+    cause = (r"plate 'data' has size 300 with this run's model arguments, but the kernel was initialised since "
+             r"with N = 500")
+    for export, name in ((to_arviz, "to_arviz"), (loo_subsample, "loo_subsample"), (nuts_reference, "nuts_reference")):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # check_run on a 20-draw run: not this test's subject
+            with pytest.raises(ValueError, match=rf"{name}: {cause}"):
+                export(first)
+    messages = check_run(first, warn=False)
+    skipped = [m for m in messages if re.search(rf"check \(\d\) was skipped.*check_run: {cause}", m)]
+    assert len(skipped) == 2, skipped  # the mode-offset and the spread checks
+    with warnings.catch_warnings():  # the last run of the kernel exports
+        warnings.simplefilter("ignore", UserWarning)
+        idata = to_arviz(second)
+    assert np.asarray(idata["log_likelihood"]["obs"]).shape == (1, 20, 500)
+
+
+# ---------------------------------------------------------------------------- loo_subsample: Pareto k
+N_LOO = 300
+
+
+def _loo_problem(outlier):
+    """Data (with y[0] = ``outlier`` unless None), an initialised kernel, and the exact posterior
+    N(m, v) of the mean (prior N(0, 10²), unit noise)."""
+    y = np.random.default_rng(1).normal(size=N_LOO)
+    if outlier is not None:
+        y[0] = outlier
+    precision = N_LOO + 1 / 100
+    kernel = SGLD(normal_mean, step_size=1e-4)
+    kernel.init(jax.random.key(0), 0, None, (jnp.asarray(y),), {})
+    return kernel, (jnp.asarray(y),), y.sum() / precision, 1 / precision
+
+
+def _draws(mean, sd, seed=2):
+    return {"mu": mean + sd * np.random.default_rng(seed).normal(size=(2, 100))}
+
+
+def test_loo_pareto_k_above_the_threshold_warns():
+    """Observation 0 at y = 100, about 100 data sds from the rest: its log-likelihood varies over
+    the posterior draws by ~6 nats (100 × the posterior sd 0.058), so its leave-one-out importance
+    ratios are heavy-tailed and its Pareto k is above the PSIS threshold."""
+    kernel, args, mean, var = _loo_problem(outlier=100.0)
+    with pytest.warns(UserWarning, match=r"loo_subsample: \d+ of the 4 subsampled observations have Pareto k > "
+                                         r"0\.\d+ \(max [0-9.]+\), so their PSIS-LOO terms are unreliable"):
+        res = loo_subsample(kernel, _draws(mean, np.sqrt(var)), model_args=args, posterior_correction=False,
+                            observations=np.arange(4))
+    assert res.pareto_k[0] > res.good_k
+
+
+def test_loo_posterior_correction_pareto_k_above_07_warns():
+    """Draws of the right spread centred 3 posterior sds off (a biased sampler): the Gaussian g
+    fitted to them is a poor proposal for p(θ, y) (the weights p/g grow along one tail), and the
+    correction's own Pareto k says so (measured 1.35)."""
+    kernel, args, mean, var = _loo_problem(outlier=None)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*subsampled observations have Pareto k")  # the test above
+        with pytest.warns(UserWarning, match=r"loo_subsample: the posterior-approximation weights p\(θ, y\)/g\(θ\) "
+                                             r"have Pareto k = [0-9.]+ > 0.7: the Gaussian g fitted to the draws is a "
+                                             r"poor proposal"):
+            res = loo_subsample(kernel, _draws(mean + 3 * np.sqrt(var), np.sqrt(var)), model_args=args,
+                                posterior_correction=True, observations=np.arange(4))
+    assert res.posterior_k > 0.7
+
+
+def test_loo_of_exact_draws_on_clean_data_does_not_warn():
+    """The passing case of both checks: exact posterior draws, no outlier."""
+    kernel, args, mean, var = _loo_problem(outlier=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for correction in (False, True):
+            res = loo_subsample(kernel, _draws(mean, np.sqrt(var)), model_args=args, posterior_correction=correction,
+                                observations=np.arange(4))
+            assert np.all(res.pareto_k <= res.good_k), res.pareto_k
