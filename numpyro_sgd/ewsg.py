@@ -48,7 +48,7 @@ from .langevin import (
 )
 from .noise import TARGET_INFLATION, check_target_inflation
 from .validation import check_int
-from .warmup import pop_warmup_options
+from .warmup import check_langevin_preconditioner, pop_warmup_options
 
 __all__ = [
     "EWSG",
@@ -77,7 +77,7 @@ class _IndexChainKernel(SGKernel):
     supports_mesh = False
 
     def __init__(self, model, *, step_size, num_index_steps, underdamped, friction=None, x_estimate="zero",
-                 default_steps=False, target_inflation=TARGET_INFLATION, **kwargs):
+                 default_steps=False, target_inflation=TARGET_INFLATION, preconditioner="auto", **kwargs):
         name = type(self).__name__
         estimated = default_steps and (step_size is None or (underdamped and friction is None))
         warmup_options = pop_warmup_options(name, kwargs, estimated)
@@ -103,7 +103,11 @@ class _IndexChainKernel(SGKernel):
             self._options.update(friction=None if friction is None else float(friction), x_estimate=x_estimate)
         if default_steps:
             self._options.update(target_inflation=check_target_inflation(name, target_inflation), name=name,
-                                 subsample=self._subsample, **warmup_options)
+                                 subsample=self._subsample, preconditioner=check_langevin_preconditioner(
+                                     name, preconditioner, step_size is not None or (underdamped and friction is not None)),
+                                 **warmup_options)
+        elif preconditioner != "auto":
+            raise TypeError(f"{name}: preconditioner= applies to the default steps, which this kernel does not set.")
 
     @property
     def num_index_steps(self):
@@ -130,6 +134,9 @@ class EWSGState(NamedTuple):
     num_index_proposed: jnp.ndarray
     #: noise-warmup state with a default step size or friction; empty when both are given
     warmup: tuple = ()
+    #: the coordinates the default steps run in (:class:`~numpyro_sgd.warmup.CurvatureBasis`, set at
+    #: the end of warmup); empty with ``preconditioner="scalar"`` or given steps
+    basis: tuple = ()
 
 
 def _or_nan(value):
@@ -137,7 +144,8 @@ def _or_nan(value):
 
 
 def ewsg(potential, step_size=None, friction=None, num_index_steps=1, x_estimate="momentum", *,
-         target_inflation=TARGET_INFLATION, subsample="with_replacement", name="EWSG", **warmup_options):
+         target_inflation=TARGET_INFLATION, subsample="with_replacement", name="EWSG", preconditioner="auto",
+         **warmup_options):
     """The EWSG algorithm (:class:`EWSG`) for a traced model.
 
     :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential`.
@@ -162,7 +170,8 @@ def ewsg(potential, step_size=None, friction=None, num_index_steps=1, x_estimate
         return theta, state, StepInfo(pe, (m + 1) * oracle.batch_size, indices, m == 0)
 
     return with_default_underdamped_steps(SGAlgorithm(init, step, describe=describe_index_chain), potential,
-                                          name, step_size, friction, target_inflation, subsample, warmup_options)
+                                          name, step_size, friction, target_inflation, subsample, warmup_options,
+                                          preconditioner)
 
 
 class EWSG(_IndexChainKernel):
@@ -219,6 +228,8 @@ class EWSG(_IndexChainKernel):
        here the chain carries the minibatch potential and gradient of the current minibatch, so
        no gradient is computed twice, and each of the M proposals costs one minibatch gradient.
 
+    **Coordinates of the default steps**: as :class:`~numpyro_sgd.SGLD` (``preconditioner``).
+
     **Default step size and friction** (``step_size=None``, ``friction=None``): SGHMC's rule (see
     :class:`~numpyro_sgd.SGHMC`), γ = 2 √λ_max(A), h = 2τγ / λ_max(Q + 2A), from the noise warmup
     of :class:`~numpyro_sgd.ConstantSGD` (which then replaces burn-in; its SG steps cost S
@@ -235,6 +246,11 @@ class EWSG(_IndexChainKernel):
     :param int num_index_steps: M ≥ 0 (default 1).
     :param str x_estimate: ``"momentum"`` (default), ``"zero"``, ``"one"`` or ``"stop"``.
     :param float target_inflation: τ ∈ (0, 1) of the default step size (default 0.1).
+    :param str preconditioner: the coordinates the default steps run in: ``"auto"`` (default:
+        those of the warmup's curvature A, :class:`~numpyro_sgd.warmup.CurvatureBasis`; in full up
+        to D = 1000, its diagonal above), ``"full"``, ``"diag"``, or ``"scalar"`` (the model's
+        own, the paper's kernel). With a given step size the kernel runs in the model's
+        coordinates.
     :param kwargs: see :class:`~numpyro_sgd.base.SGKernel` (``steps_per_sample``, ``subsample``,
         ``warmup_subsample``, ``init_strategy``) and, with a default step or friction, the warmup
         options of :class:`~numpyro_sgd.ConstantSGD`.
@@ -260,10 +276,10 @@ class EWSG(_IndexChainKernel):
     """
 
     def __init__(self, model, *, step_size=None, friction=None, num_index_steps=1, x_estimate="momentum",
-                 target_inflation=TARGET_INFLATION, **kwargs):
+                 target_inflation=TARGET_INFLATION, preconditioner="auto", **kwargs):
         super().__init__(model, step_size=step_size, num_index_steps=num_index_steps, underdamped=True,
-                         friction=friction, x_estimate=x_estimate,
-                         default_steps=True, target_inflation=target_inflation, **kwargs)
+                         friction=friction, x_estimate=x_estimate, default_steps=True,
+                         target_inflation=target_inflation, preconditioner=preconditioner, **kwargs)
 
     #: the algorithm builder, called with the validated options
     _builder = staticmethod(ewsg)
@@ -281,10 +297,13 @@ class OverdampedEWSGState(NamedTuple):
     num_index_proposed: jnp.ndarray
     #: noise-warmup state with the default step size; empty with a given step size
     warmup: tuple = ()
+    #: the coordinates the default steps run in (:class:`~numpyro_sgd.warmup.CurvatureBasis`, set at
+    #: the end of warmup); empty with ``preconditioner="scalar"`` or given steps
+    basis: tuple = ()
 
 
 def overdamped_ewsg(potential, step_size=None, num_index_steps=1, *, target_inflation=TARGET_INFLATION,
-                    subsample="with_replacement", name="OverdampedEWSG", **warmup_options):
+                    subsample="with_replacement", name="OverdampedEWSG", preconditioner="auto", **warmup_options):
     """The overdamped EWSG algorithm (:class:`OverdampedEWSG`) for a traced model.
 
     :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential`.
@@ -305,7 +324,7 @@ def overdamped_ewsg(potential, step_size=None, num_index_steps=1, *, target_infl
         return theta, count_index_moves(state, accepted, m), info
 
     return with_default_overdamped_step(SGAlgorithm(init, step, describe=describe_index_chain), potential, name,
-                                        step_size, target_inflation, subsample, warmup_options)
+                                        step_size, target_inflation, subsample, warmup_options, preconditioner)
 
 
 class OverdampedEWSG(_IndexChainKernel):
@@ -332,6 +351,8 @@ class OverdampedEWSG(_IndexChainKernel):
 
     Acceptance counts and data passes are reported as for :class:`EWSG`.
 
+    **Coordinates of the default steps**: as :class:`~numpyro_sgd.SGLD` (``preconditioner``).
+
     **Default step size** (``step_size=None``): SGLD's rule (see :class:`~numpyro_sgd.SGLD`),
     ε = 4τ / λ_max(Q + (1 + τ) A), from the noise warmup of :class:`~numpyro_sgd.ConstantSGD`;
     conservative for M ≥ 1 (the index chain lowers the minibatch noise).
@@ -342,14 +363,20 @@ class OverdampedEWSG(_IndexChainKernel):
     :param float step_size: ε > 0, or None (default: see above).
     :param int num_index_steps: M ≥ 0 (default 1).
     :param float target_inflation: τ ∈ (0, 1) of the default step size (default 0.1).
+    :param str preconditioner: the coordinates the default steps run in: ``"auto"`` (default:
+        those of the warmup's curvature A, :class:`~numpyro_sgd.warmup.CurvatureBasis`; in full up
+        to D = 1000, its diagonal above), ``"full"``, ``"diag"``, or ``"scalar"`` (the model's
+        own, the paper's kernel). With a given step size the kernel runs in the model's
+        coordinates.
     :param kwargs: see :class:`~numpyro_sgd.base.SGKernel` and, with the default step size, the
         warmup options of :class:`~numpyro_sgd.ConstantSGD`.
     """
 
-    def __init__(self, model, *, step_size=None, num_index_steps=1, target_inflation=TARGET_INFLATION, **kwargs):
+    def __init__(self, model, *, step_size=None, num_index_steps=1, target_inflation=TARGET_INFLATION,
+                 preconditioner="auto", **kwargs):
         super().__init__(model, step_size=step_size, num_index_steps=num_index_steps, underdamped=False,
-                         default_steps=True,
-                         target_inflation=target_inflation, **kwargs)
+                         default_steps=True, target_inflation=target_inflation, preconditioner=preconditioner,
+                         **kwargs)
 
     #: the algorithm builder, called with the validated options
     _builder = staticmethod(overdamped_ewsg)

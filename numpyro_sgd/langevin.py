@@ -91,10 +91,12 @@ def check_step_size(name, step_size):
 
 
 # ---------------------------------------------------------------------------- default steps
-def with_default_overdamped_step(algorithm, potential, name, step_size, target_inflation, subsample, warmup_options):
+def with_default_overdamped_step(algorithm, potential, name, step_size, target_inflation, subsample, warmup_options,
+                                 preconditioner="auto"):
     """SGLD's and overdamped EWSG's algorithm with, when ``step_size`` is None, the noise warmup and
     ε = :func:`~numpyro_sgd.noise.sgld_step_size` set at its end (T = ``state.temperature``, 1 if
-    the state has none); the algorithm itself when a step size is given."""
+    the state has none), in the coordinates ``preconditioner`` names
+    (:func:`~numpyro_sgd.warmup.with_default_steps`); the algorithm itself when a step size is given."""
     if step_size is not None:
         return algorithm
 
@@ -102,14 +104,16 @@ def with_default_overdamped_step(algorithm, potential, name, step_size, target_i
         eps = sgld_step_size(noise, curvature, target_inflation, getattr(state, "temperature", 1.0))
         return state._replace(step_size=eps.astype(state.step_size.dtype))
 
-    return with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample)
+    return with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample, preconditioner)
 
 
 def with_default_underdamped_steps(algorithm, potential, name, step_size, friction, target_inflation, subsample,
-                                   warmup_options):
+                                   warmup_options, preconditioner="auto"):
     """SGHMC's and EWSG's algorithm with, when ``step_size`` or ``friction`` is None, the noise
     warmup and the missing ones set at its end by :func:`~numpyro_sgd.noise.sghmc_steps`
-    (γ = 2 √λ_max(A), h = 2τγ / λ_max(Q + 2A)); the algorithm itself when both are given."""
+    (γ = 2 √λ_max(A), h = 2τγ / λ_max(Q + 2A)), in the coordinates ``preconditioner`` names (only
+    when both are the kernel's: a given h or γ is in the model's coordinates); the algorithm itself
+    when both are given."""
     if step_size is not None and friction is not None:
         return algorithm
 
@@ -119,4 +123,6 @@ def with_default_underdamped_steps(algorithm, potential, name, step_size, fricti
         dtype = state.step_size.dtype
         return state._replace(step_size=h.astype(dtype), friction=gamma.astype(dtype))
 
-    return with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample)
+    if step_size is not None or friction is not None:
+        preconditioner = "scalar"
+    return with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample, preconditioner)

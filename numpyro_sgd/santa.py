@@ -30,7 +30,7 @@ from .base import SGAlgorithm, SGKernel, StepInfo, is_positive_scalar
 from .noise import TARGET_INFLATION, check_target_inflation, santa_step_size
 from .schedules import polynomial_annealing
 from .validation import check_int, check_number, check_positive
-from .warmup import pop_warmup_options, with_default_steps
+from .warmup import check_langevin_preconditioner, pop_warmup_options, with_default_steps
 
 __all__ = ["Santa", "SantaKernelState", "SantaState", "santa", "santa_algorithm", "santa_init", "santa_step",
            "polynomial_annealing", "map_estimate"]
@@ -194,11 +194,14 @@ class SantaKernelState(NamedTuple):
     beta: jnp.ndarray
     #: noise-warmup state with the default step size; empty with a given step size
     warmup: tuple = ()
+    #: the coordinates the default steps run in (:class:`~numpyro_sgd.warmup.CurvatureBasis`, set at
+    #: the end of warmup); empty with ``preconditioner="scalar"`` or given steps
+    basis: tuple = ()
 
 
 def santa_algorithm(potential, step_size=None, anneal=False, *, schedule=None, burnin=None, decay=0.999, damping=1e-8,
                     scheme="euler", thermostat_init=None, target_inflation=TARGET_INFLATION,
-                    subsample="with_replacement", name="Santa", **warmup_options):
+                    subsample="with_replacement", name="Santa", preconditioner="auto", **warmup_options):
     """The Santa sampler / annealer (:class:`Santa`) for a traced model.
 
     One SG step (warmup and sampling alike: warmup is burn-in), with t the Santa step count:
@@ -267,7 +270,7 @@ def santa_algorithm(potential, step_size=None, anneal=False, *, schedule=None, b
                                  count=jnp.ones_like(s.count))
         return state._replace(santa=santa_state, step_size=eta.astype(dt))
 
-    return with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample)
+    return with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample, preconditioner)
 
 
 class Santa(SGKernel):
@@ -303,6 +306,11 @@ class Santa(SGKernel):
     equilibrium (capped at α₀ ≤ 1: a coordinate whose first gradient vanishes has g₁ ≈ 1/√λ and
     α₀ > 2 made the Euler update diverge on MNIST's always-blank pixels); v₁ = (f̃₁/N)² and
     g₀ = g₁ (see ``santa_step``).
+
+    **Coordinates of the default steps**: as :class:`~numpyro_sgd.SGLD` (``preconditioner``):
+    φ has the per-datum scale (A/N ≈ I in φ) that Santa's RMSprop damping and thermostat assume.
+    Measured on a D = 10 regression with feature correlation 0.9: min ESS 2,035 against 5 in the
+    model's coordinates (``benchmarks/langevin_defaults.py``).
 
     **Default step size** (``step_size=None``, β = 1 only). Warmup (``num_warmup ×
     steps_per_sample`` SG steps) is the noise warmup of :class:`~numpyro_sgd.ConstantSGD`
@@ -347,12 +355,18 @@ class Santa(SGKernel):
     :param int burnin: SG steps of exploration for ``anneal=True`` (default: the warmup steps).
     :param float target_inflation: τ ∈ (0, 1) of the default step size (default 0.1): the
         tolerated relative error of the stationary variance.
+    :param str preconditioner: the coordinates the default steps run in: ``"auto"`` (default:
+        those of the warmup's curvature A, :class:`~numpyro_sgd.warmup.CurvatureBasis`; in full up
+        to D = 1000, its diagonal above), ``"full"``, ``"diag"``, or ``"scalar"`` (the model's
+        own, the paper's kernel). With a given step size the kernel runs in the model's
+        coordinates.
     :param kwargs: see :class:`~numpyro_sgd.base.SGKernel` and, with the default step size, the
         warmup options of :class:`~numpyro_sgd.ConstantSGD`.
     """
 
     def __init__(self, model, *, step_size=None, anneal=False, schedule=None, burnin=None, decay=0.999, damping=1e-8,
-                 scheme="euler", thermostat_init=None, target_inflation=TARGET_INFLATION, **kwargs):
+                 scheme="euler", thermostat_init=None, target_inflation=TARGET_INFLATION, preconditioner="auto",
+                 **kwargs):
         warmup_options = pop_warmup_options("Santa", kwargs, step_size is None)
         super().__init__(model, **kwargs)
         if step_size is None and anneal:
@@ -374,7 +388,10 @@ class Santa(SGKernel):
         self._options = dict(step_size=None if step_size is None else float(step_size), anneal=bool(anneal),
                              schedule=schedule, burnin=burnin, decay=float(decay), damping=float(damping),
                              scheme=scheme, thermostat_init=thermostat_init,
-                             target_inflation=check_target_inflation("Santa", target_inflation), **warmup_options)
+                             target_inflation=check_target_inflation("Santa", target_inflation),
+                             preconditioner=check_langevin_preconditioner("Santa", preconditioner,
+                                                                          step_size is not None),
+                             **warmup_options)
 
     def _build(self, potential, adapt_steps_per_sample=True):
         return santa_algorithm(potential, **self._options, subsample=self._subsample)

@@ -20,7 +20,7 @@ from jax import random
 from .base import SGAlgorithm, SGKernel, StepInfo
 from .langevin import check_friction, check_step_size, ewsg_update, with_default_underdamped_steps
 from .noise import TARGET_INFLATION, check_target_inflation
-from .warmup import pop_warmup_options
+from .warmup import check_langevin_preconditioner, pop_warmup_options
 
 __all__ = ["SGHMC", "SGHMCState", "sghmc"]
 
@@ -36,10 +36,13 @@ class SGHMCState(NamedTuple):
     friction: jnp.ndarray
     #: noise-warmup state with a default step size or friction; empty when both are given
     warmup: tuple = ()
+    #: the coordinates the default steps run in (:class:`~numpyro_sgd.warmup.CurvatureBasis`, set at
+    #: the end of warmup); empty with ``preconditioner="scalar"`` or given steps
+    basis: tuple = ()
 
 
 def sghmc(potential, step_size=None, friction=None, *, target_inflation=TARGET_INFLATION, subsample="with_replacement",
-          name="SGHMC", **warmup_options):
+          name="SGHMC", preconditioner="auto", **warmup_options):
     """The SGHMC algorithm (:class:`SGHMC`) for a traced model.
 
     :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential`.
@@ -61,7 +64,7 @@ def sghmc(potential, step_size=None, friction=None, *, target_inflation=TARGET_I
         return theta, state._replace(momentum=momentum), StepInfo(pe, oracle.batch_size, indices, True)
 
     return with_default_underdamped_steps(SGAlgorithm(init, step), potential, name, step_size, friction,
-                                          target_inflation, subsample, warmup_options)
+                                          target_inflation, subsample, warmup_options, preconditioner)
 
 
 class SGHMC(SGKernel):
@@ -85,6 +88,9 @@ class SGHMC(SGKernel):
     The step size is in the units of NumPyro's potential U (a sum over data); the friction must
     dominate the minibatch noise h·Q/2 for the stationary law to be close to the posterior.
     With a given step size and friction warmup runs the same dynamics (burn-in).
+
+    **Coordinates of the default steps**: as :class:`~numpyro_sgd.SGLD` (``preconditioner``),
+    when both h and γ are the kernel's; the momentum lives in φ.
 
     **Default step size and friction** (``step_size=None``, ``friction=None``). Warmup
     (``num_warmup × steps_per_sample`` SG steps) is the noise warmup of
@@ -113,11 +119,17 @@ class SGHMC(SGKernel):
     :param float step_size: h > 0, or None (default: see above).
     :param float friction: γ > 0, or None (default: see above).
     :param float target_inflation: τ ∈ (0, 1) of the default step size (default 0.1).
+    :param str preconditioner: the coordinates the default steps run in: ``"auto"`` (default:
+        those of the warmup's curvature A, :class:`~numpyro_sgd.warmup.CurvatureBasis`; in full up
+        to D = 1000, its diagonal above), ``"full"``, ``"diag"``, or ``"scalar"`` (the model's
+        own, the paper's kernel). With a given step size or friction the kernel runs in the model's
+        coordinates.
     :param kwargs: see :class:`~numpyro_sgd.base.SGKernel` and, with a default step or friction,
         the warmup options of :class:`~numpyro_sgd.ConstantSGD`.
     """
 
-    def __init__(self, model, *, step_size=None, friction=None, target_inflation=TARGET_INFLATION, **kwargs):
+    def __init__(self, model, *, step_size=None, friction=None, target_inflation=TARGET_INFLATION,
+                 preconditioner="auto", **kwargs):
         name = type(self).__name__
         warmup_options = pop_warmup_options(name, kwargs, step_size is None or friction is None)
         super().__init__(model, **kwargs)
@@ -128,6 +140,8 @@ class SGHMC(SGKernel):
         self._options = dict(step_size=None if step_size is None else float(step_size),
                              friction=None if friction is None else float(friction),
                              target_inflation=check_target_inflation(name, target_inflation), name=name,
+                             preconditioner=check_langevin_preconditioner(
+                                 name, preconditioner, step_size is not None or friction is not None),
                              **warmup_options)
 
     def _build(self, potential, adapt_steps_per_sample=True):

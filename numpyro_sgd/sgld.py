@@ -19,7 +19,7 @@ from .langevin import check_step_size, overdamped_ewsg_update, sgld_step, with_d
 from .noise import TARGET_INFLATION, check_target_inflation, sgld_step_size
 from .schedules import check_schedule, robbins_monro
 from .validation import check_number, check_positive
-from .warmup import pop_warmup_options, with_default_steps
+from .warmup import check_langevin_preconditioner, pop_warmup_options, with_default_steps
 
 __all__ = ["SGLD", "SGLDState", "PSGLD", "PSGLDState", "sgld", "psgld", "sgld_step", "psgld_step", "robbins_monro"]
 
@@ -36,10 +36,13 @@ class SGLDState(NamedTuple):
     #: noise-warmup state (:class:`~numpyro_sgd.warmup.WarmupState`) with the default step size;
     #: empty with a given step size
     warmup: tuple = ()
+    #: the coordinates the default steps run in (:class:`~numpyro_sgd.warmup.CurvatureBasis`, set at
+    #: the end of warmup); empty with ``preconditioner="scalar"`` or given steps
+    basis: tuple = ()
 
 
 def sgld(potential, step_size=None, temperature=1.0, *, target_inflation=TARGET_INFLATION,
-         subsample="with_replacement", name="SGLD", **warmup_options):
+         subsample="with_replacement", name="SGLD", preconditioner="auto", **warmup_options):
     """The SGLD algorithm (:class:`SGLD`) for a traced model.
 
     :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential`.
@@ -65,7 +68,7 @@ def sgld(potential, step_size=None, temperature=1.0, *, target_inflation=TARGET_
 
     return with_default_overdamped_step(
         SGAlgorithm(init, step, describe=lambda state: f"step size {float(state.last_step_size):.3g}"),
-        potential, name, step_size, target_inflation, subsample, warmup_options)
+        potential, name, step_size, target_inflation, subsample, warmup_options, preconditioner)
 
 
 class SGLD(SGKernel):
@@ -89,6 +92,14 @@ class SGLD(SGKernel):
     Welling & Teh: θ ← θ − (ε/2) ∇Û_S + N(0, ε). With a given step size (or schedule) warmup
     steps use the same dynamics (burn-in); a schedule is evaluated at the global SG step count
     (warmup included).
+
+    **Coordinates of the default steps.** With ``preconditioner="auto"`` the sampling steps run
+    in coordinates φ with θ = L φ, L Lᵀ = N A⁻¹ (A the curvature warmup estimated): the step
+    preconditioned by the constant M = N A⁻¹, exact in the small-step limit like the plain one,
+    and the rule below is applied to Lᵀ Q L and Lᵀ A L. The plain kernel needs λ_max/λ_min(A)
+    times more steps to forget its start along the least-constrained direction (measured on a
+    posterior with correlation −0.99: ESS 5 from 4 chains × 1,000 data passes, against 285 in
+    the curvature's coordinates; ``benchmarks/langevin_defaults.py``).
 
     **Default step size** (``step_size=None``). Warmup (``num_warmup × steps_per_sample`` SG
     steps) is the noise warmup of :class:`~numpyro_sgd.ConstantSGD` (:mod:`numpyro_sgd.warmup`:
@@ -118,6 +129,11 @@ class SGLD(SGKernel):
     :param float temperature: T > 0 (default 1, the posterior).
     :param float target_inflation: τ ∈ (0, 1), the tolerated relative excess of the stationary
         variance with the default step size (default 0.1; a given ``step_size`` wins).
+    :param str preconditioner: the coordinates the default steps run in: ``"auto"`` (default:
+        those of the warmup's curvature A, :class:`~numpyro_sgd.warmup.CurvatureBasis`; in full up
+        to D = 1000, its diagonal above), ``"full"``, ``"diag"``, or ``"scalar"`` (the model's
+        own, the paper's kernel). With a given step size the kernel runs in the model's
+        coordinates.
     :param kwargs: see :class:`~numpyro_sgd.base.SGKernel` (``steps_per_sample``, ``subsample``,
         ``warmup_subsample``, ``init_strategy``) and, with the default step size only, the warmup
         options of :class:`~numpyro_sgd.ConstantSGD` (``noise_estimator``, ``adam_fraction``,
@@ -142,7 +158,8 @@ class SGLD(SGKernel):
         True
     """
 
-    def __init__(self, model, *, step_size=None, temperature=1.0, target_inflation=TARGET_INFLATION, **kwargs):
+    def __init__(self, model, *, step_size=None, temperature=1.0, target_inflation=TARGET_INFLATION,
+                 preconditioner="auto", **kwargs):
         name = type(self).__name__
         warmup_options = pop_warmup_options(name, kwargs, step_size is None)
         super().__init__(model, **kwargs)
@@ -155,6 +172,7 @@ class SGLD(SGKernel):
         self._step_size = step_size
         self._temperature = temperature
         self._options = dict(target_inflation=check_target_inflation(name, target_inflation), name=name,
+                             preconditioner=check_langevin_preconditioner(name, preconditioner, step_size is not None),
                              **warmup_options)
 
     def _build(self, potential, adapt_steps_per_sample=True):
@@ -176,6 +194,9 @@ class PSGLDState(NamedTuple):
     started: jnp.ndarray
     #: noise-warmup state with the default step size; empty with a given step size
     warmup: tuple = ()
+    #: the coordinates the default steps run in (:class:`~numpyro_sgd.warmup.CurvatureBasis`, set at
+    #: the end of warmup); empty with ``preconditioner="scalar"`` or given steps
+    basis: tuple = ()
 
 
 def psgld_step(rng_key, theta, grad, second_moment, step_size, decay, damping, num_data, started):
@@ -193,7 +214,7 @@ def psgld_step(rng_key, theta, grad, second_moment, step_size, decay, damping, n
 
 
 def psgld(potential, step_size=None, decay=0.99, damping=1e-5, *, target_inflation=TARGET_INFLATION,
-          subsample="with_replacement", name="PSGLD", **warmup_options):
+          subsample="with_replacement", name="PSGLD", preconditioner="auto", **warmup_options):
     """The pSGLD algorithm (:class:`PSGLD`) for a traced model.
 
     :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential` (N for ḡ = ∇Û_S / N).
@@ -228,7 +249,7 @@ def psgld(potential, step_size=None, decay=0.99, damping=1e-5, *, target_inflati
         return state._replace(second_moment=second.astype(state.second_moment.dtype),
                               step_size=eps.astype(state.step_size.dtype), started=jnp.array(True))
 
-    return with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample)
+    return with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample, preconditioner)
 
 
 class PSGLD(SGKernel):
@@ -252,6 +273,9 @@ class PSGLD(SGKernel):
        paper; the preconditioner keeps adapting during sampling, so the chain is only
        approximately stationary. With a given step size warmup runs the same dynamics (burn-in).
 
+    **Coordinates of the default steps**: as :class:`SGLD` (``preconditioner``); the RMSprop G
+    then acts in φ.
+
     **Default step size** (``step_size=None``). Warmup is the noise warmup of
     :class:`~numpyro_sgd.ConstantSGD` (see :class:`SGLD`); at its end V is set to its value near
     the mode, V_k = Q_kk/N² (so G_k = 1/(λ + √Q_kk/N) ≈ N/√Q_kk), and ε to SGLD's rule in the
@@ -273,12 +297,17 @@ class PSGLD(SGKernel):
     :param float decay: α ∈ (0, 1), the RMSprop decay of V (default 0.99).
     :param float damping: λ > 0 (default 1e-5).
     :param float target_inflation: τ ∈ (0, 1) of the default step size (default 0.1).
+    :param str preconditioner: the coordinates the default steps run in: ``"auto"`` (default:
+        those of the warmup's curvature A, :class:`~numpyro_sgd.warmup.CurvatureBasis`; in full up
+        to D = 1000, its diagonal above), ``"full"``, ``"diag"``, or ``"scalar"`` (the model's
+        own, the paper's kernel). With a given step size the kernel runs in the model's
+        coordinates.
     :param kwargs: see :class:`~numpyro_sgd.base.SGKernel` and, with the default step size, the
         warmup options of :class:`~numpyro_sgd.ConstantSGD`.
     """
 
     def __init__(self, model, *, step_size=None, decay=0.99, damping=1e-5, target_inflation=TARGET_INFLATION,
-                 **kwargs):
+                 preconditioner="auto", **kwargs):
         warmup_options = pop_warmup_options("PSGLD", kwargs, step_size is None)
         super().__init__(model, **kwargs)
         if step_size is not None:
@@ -289,6 +318,8 @@ class PSGLD(SGKernel):
         damping = check_positive("PSGLD", "damping", damping, "> 0 (λ)")
         self._options = dict(step_size=None if step_size is None else float(step_size), decay=float(decay),
                              damping=float(damping), target_inflation=check_target_inflation("PSGLD", target_inflation),
+                             preconditioner=check_langevin_preconditioner("PSGLD", preconditioner,
+                                                                          step_size is not None),
                              **warmup_options)
 
     def _build(self, potential, adapt_steps_per_sample=True):

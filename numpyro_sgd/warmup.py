@@ -48,17 +48,28 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from jax import lax
-from jax.scipy.linalg import cho_solve
+from jax.scipy.linalg import cho_solve, solve_triangular
 from numpyro.util import find_stack_level
 
-from .noise import NOISE_ESTIMATORS, NoiseState, fisher_curvature, psd_part, resolve_preconditioner, sampling_noise
+from .noise import (
+    NOISE_ESTIMATORS,
+    NoiseState,
+    apply_preconditioner,
+    fisher_curvature,
+    psd_part,
+    regularized_cholesky,
+    resolve_preconditioner,
+    sampling_noise,
+)
 from .noise import noise_estimator as make_noise_estimator
 from .potential import grad_and_hessian
 from .protocol import StepInfo
 from .validation import check_number
 
 __all__ = ["WarmupState", "WarmupSummary", "NoiseWarmup", "noise_warmup", "WARMUP_DEFAULTS", "check_warmup_options",
-           "warmup_refresh_every", "pop_warmup_options", "with_default_steps", "newton_decrement", "newton_to_mode"]
+           "warmup_refresh_every", "pop_warmup_options", "with_default_steps", "newton_decrement", "newton_to_mode",
+           "CurvatureBasis", "curvature_basis", "identity_basis", "OracleInBasis", "step_in_basis",
+           "LANGEVIN_PRECONDITIONERS", "check_langevin_preconditioner"]
 
 #: defaults of the warmup options every noise-adapting kernel accepts
 WARMUP_DEFAULTS = dict(noise_estimator=None, adam_fraction=0.4, noise_window=0.4, adam_lr=(0.1, 1e-3),
@@ -394,7 +405,114 @@ def pop_warmup_options(name, kwargs, default_steps):
     return check_warmup_options(name, **given)
 
 
-def with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample="with_replacement"):
+#: the ``preconditioner`` values of the Langevin kernels (SGLD, pSGLD, SGHMC, EWSG, OverdampedEWSG,
+#: Santa): their default steps run in the coordinates of the warmup's curvature (``"auto"``,
+#: ``"full"``, ``"diag"``) or in the model's own (``"scalar"``, the papers' kernels)
+LANGEVIN_PRECONDITIONERS = ("auto", "full", "diag", "scalar")
+
+
+def check_langevin_preconditioner(name, preconditioner, steps_given):
+    """Validate a Langevin kernel's ``preconditioner``; return it, ``"scalar"`` when the user gave
+    the steps (there is then no noise warmup whose curvature could precondition them)."""
+    if preconditioner not in LANGEVIN_PRECONDITIONERS:
+        raise ValueError(f"{name}: unknown preconditioner {preconditioner!r}; choose one of "
+                         f"{LANGEVIN_PRECONDITIONERS}.")
+    if steps_given:
+        if preconditioner in ("full", "diag"):
+            raise ValueError(
+                f"{name}: preconditioner={preconditioner!r} comes from the curvature the noise warmup estimates, "
+                "and a given step size skips that warmup. Leave the step size (and friction) to the kernel, or "
+                "use preconditioner='scalar'."
+            )
+        return "scalar"
+    return preconditioner
+
+
+class CurvatureBasis(NamedTuple):
+    """Coordinates φ with θ = L φ and L Lᵀ = N A⁻¹, A the curvature of U the noise warmup
+    estimated: in them the curvature per datum, A/N, is about I, so one step size suits every
+    direction.
+
+    A Langevin step run in φ is the step preconditioned by the constant M = L Lᵀ = N A⁻¹ in θ
+    (θ ← θ − (ε/2) M ∇U + N(0, ε M) for SGLD): a linear change of variables, so the dynamics stay
+    exact in the small-step limit (their stationary law is still the posterior), while the slowest
+    direction relaxes in about as many steps as the fastest instead of λ_max/λ_min times more.
+    The factor N gives φ the per-datum scale the papers' defaults assume (Santa's RMSprop damping
+    and thermostat are not scale-free); the step rules of SGLD and SGHMC do not depend on it.
+    """
+
+    #: L, (D, D) or a (D,) diagonal: θ = L φ
+    scale: jnp.ndarray
+    #: L⁻¹, same shape: φ = L⁻¹ θ
+    inverse: jnp.ndarray
+
+    def express(self, matrix):
+        """Lᵀ M L: a curvature or noise covariance M of θ, (D, D) or (D,) diagonal, in φ (a (D,)
+        diagonal stays diagonal with a diagonal L)."""
+        scale = self.scale
+        if scale.ndim == 1:
+            return matrix * (scale**2 if matrix.ndim == 1 else jnp.outer(scale, scale))
+        full = matrix if matrix.ndim == 2 else jnp.diag(matrix)
+        return scale.T @ full @ scale
+
+
+def identity_basis(theta, full):
+    """The basis before warmup has estimated A (and for ``preconditioner="scalar"``)."""
+    one = jnp.eye(theta.shape[0], dtype=theta.dtype) if full else jnp.ones_like(theta)
+    return CurvatureBasis(one, one)
+
+
+def curvature_basis(curvature, full, num_data):
+    """The :class:`CurvatureBasis` of A (``full``: A/N = C Cᵀ and L = C⁻ᵀ; else the diagonal,
+    L = diag(a/N)^{−½}). Where A is not positive definite (a direction neither the data nor the
+    prior constrains) or not finite, the identity basis (the unpreconditioned kernel)."""
+    curvature = curvature / float(num_data)
+    if full:
+        matrix = curvature if curvature.ndim == 2 else jnp.diag(curvature)
+        chol = regularized_cholesky(matrix)
+        eye = jnp.eye(matrix.shape[0], dtype=matrix.dtype)
+        basis = CurvatureBasis(solve_triangular(chol, eye, lower=True).T, chol.T)
+    else:
+        root = jnp.sqrt(jnp.diagonal(curvature) if curvature.ndim == 2 else curvature)
+        basis = CurvatureBasis(1.0 / root, root)
+    ok = jnp.all(jnp.isfinite(basis.scale)) & jnp.all(jnp.isfinite(basis.inverse))
+    identity = identity_basis(jnp.zeros(curvature.shape[0], curvature.dtype), full)
+    return CurvatureBasis(*(jnp.where(ok, b, i) for b, i in zip(basis, identity)))
+
+
+class OracleInBasis:
+    """The oracle of the coordinates φ (θ = L φ): ``grad(rng_key, φ)`` is (Û_S, Lᵀ ∇Û_S(L φ),
+    indices). Only what the Langevin steps call is offered, so a step that needs more fails loudly
+    instead of mixing coordinates."""
+
+    def __init__(self, oracle, basis):
+        self._oracle, self._basis = oracle, basis
+
+    @property
+    def batch_size(self):
+        return self._oracle.batch_size
+
+    def grad(self, rng_key, phi):
+        pe, grad, indices = self._oracle.grad(rng_key, apply_preconditioner(self._basis.scale, phi))
+        scale = self._basis.scale
+        return pe, (scale.T @ grad if scale.ndim == 2 else scale * grad), indices
+
+
+def step_in_basis(step):
+    """``step`` run in the coordinates of ``state.basis``: φ = L⁻¹ θ, one step of φ with the
+    oracle of φ, θ = L φ (the momenta and other state of the step stay in φ)."""
+
+    def wrapped(rng_key, i, theta, state, oracle):
+        basis = state.basis
+        phi = apply_preconditioner(basis.inverse, theta)
+        phi, state, info = step(rng_key, i, phi, state, OracleInBasis(oracle, basis))
+        return apply_preconditioner(basis.scale, phi), state, info
+
+    return wrapped
+
+
+def with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample="with_replacement",
+                       preconditioner="auto"):
     """The algorithm with its warmup replaced by the noise warmup (:func:`noise_warmup`) and an
     ``end_warmup`` that sets its step size (and friction) from the estimate.
 
@@ -411,16 +529,24 @@ def with_default_steps(algorithm, potential, name, set_steps, warmup_options, su
         never sampled.
     :param dict warmup_options: from :func:`pop_warmup_options`.
     :param str subsample: how the sampling phase draws minibatches (the kernel's ``subsample``).
+    :param str preconditioner: ``"auto"``, ``"full"`` or ``"diag"``: the sampling step runs in the
+        coordinates of the estimated curvature (:class:`CurvatureBasis`, kept in the state's
+        ``basis`` field), and ``set_steps`` receives Q and A in those coordinates (A ≈ I);
+        ``"scalar"``: in the model's coordinates, as the papers' kernels (``basis`` stays empty).
 
     Q is estimated in full up to D = :data:`~numpyro_sgd.noise.AUTO_FULL_MAX_DIM`, above only its
-    diagonal (as ``preconditioner="auto"`` of the noise-adapting kernels).
+    diagonal (as ``preconditioner="auto"`` of the noise-adapting kernels); a ``"full"`` basis
+    estimates it in full at any D.
     """
-    full = resolve_preconditioner("auto", potential.dim) == "full"
+    kind = resolve_preconditioner(preconditioner, potential.dim)
+    full = kind == "full" or (kind != "diag" and resolve_preconditioner("auto", potential.dim) == "full")
+    in_basis = kind != "scalar"
     without_replacement = subsample == "without_replacement"
     warmup = noise_warmup(potential, full, name, **warmup_options)
 
     def init(rng_key, theta, num_warmup_steps):
-        return algorithm.init(rng_key, theta, num_warmup_steps)._replace(warmup=warmup.init(theta, num_warmup_steps))
+        state = algorithm.init(rng_key, theta, num_warmup_steps)._replace(warmup=warmup.init(theta, num_warmup_steps))
+        return state._replace(basis=identity_basis(theta, kind == "full")) if in_basis else state
 
     def warmup_step(rng_key, step, theta, state, oracle):
         theta, ws, info = warmup.update(rng_key, step, theta, state.warmup, oracle)
@@ -430,8 +556,13 @@ def with_default_steps(algorithm, potential, name, set_steps, warmup_options, su
         summary = warmup.final(state.warmup, theta, oracle)
         summary = summary._replace(prior_curvature=psd_part(summary.prior_curvature))
         estimated = state.warmup.noise_state.count > 0
-        noise = sampling_noise(summary, potential.plates, without_replacement)
-        curvature = fisher_curvature(summary, potential.plates)
-        return set_steps(state, jnp.where(estimated, noise, jnp.nan), jnp.where(estimated, curvature, jnp.nan))
+        noise = jnp.where(estimated, sampling_noise(summary, potential.plates, without_replacement), jnp.nan)
+        curvature = jnp.where(estimated, fisher_curvature(summary, potential.plates), jnp.nan)
+        if in_basis:
+            basis = curvature_basis(curvature, kind == "full", potential.num_data)
+            state = state._replace(basis=basis)
+            noise, curvature = basis.express(noise), basis.express(curvature)
+        return set_steps(state, noise, curvature)
 
-    return algorithm._replace(init=init, warmup_step=warmup_step, end_warmup=end_warmup)
+    sample_step = step_in_basis(algorithm.sample_step) if in_basis else algorithm.sample_step
+    return algorithm._replace(init=init, sample_step=sample_step, warmup_step=warmup_step, end_warmup=end_warmup)
