@@ -108,6 +108,12 @@ def test_default_steps_sample_the_posterior(problem, kernel_cls, kwargs):
         assert np.all(np.isfinite(chosen)) and chosen.shape == (NUM_CHAINS,)
         np.testing.assert_allclose(chosen, float(value), rtol=0.15)
 
+    _check_draws(mcmc, problem)
+
+
+def _check_draws(mcmc, problem):
+    """The draws against the exact posterior, with the tolerances derived in
+    :func:`test_default_steps_sample_the_posterior`; returns the flat draws and the posterior sds."""
     w = np.asarray(mcmc.get_samples(group_by_chain=True)["w"])
     ess = az.ess(az.convert_to_dataset({"w": w}))["w"].values
     assert np.all(ess > 150), ess  # the tolerances below assume a usable ESS (measured ≥ 230)
@@ -118,6 +124,7 @@ def test_default_steps_sample_the_posterior(problem, kernel_cls, kwargs):
     tau, z = 1.15 * TARGET_INFLATION, 4 / np.sqrt(2 * ess)
     np.testing.assert_array_less(np.sqrt(1 - tau) - z, ratio)
     np.testing.assert_array_less(ratio, np.sqrt(1 + tau) + z)
+    return flat, sd
 
 
 @pytest.mark.parametrize("kernel_cls, kwargs", KERNELS)
@@ -239,16 +246,8 @@ def test_default_steps_mix_on_a_correlated_posterior(small_linreg, kernel_cls):
                 num_samples=NUM_SAMPLES, num_chains=NUM_CHAINS, chain_method="vectorized", progress_bar=False)
     mcmc.run(jax.random.key(0), *problem.args)
     assert int(jnp.sum(mcmc.last_state.num_divergences)) == 0
-    w = np.asarray(mcmc.get_samples(group_by_chain=True)["w"])
-    ess = az.ess(az.convert_to_dataset({"w": w}))["w"].values
-    assert np.all(ess > 150), ess
-    sd = np.sqrt(np.diag(problem.post_cov))
-    flat = w.reshape(-1, problem.d)
-    np.testing.assert_array_less(np.abs(flat.mean(0) - problem.post_mean), 4 * sd / np.sqrt(ess))
-    ratio = flat.std(0) / sd
-    tau, z = 1.15 * TARGET_INFLATION, 4 / np.sqrt(2 * ess)
-    np.testing.assert_array_less(np.sqrt(1 - tau) - z, ratio)
-    np.testing.assert_array_less(ratio, np.sqrt(1 + tau) + z)
+    flat, sd = _check_draws(mcmc, problem)
+    # the sample correlation near ρ = −0.99 has sd ≈ (1 − ρ²)/√ESS ≈ 0.0013 at ESS 230: 4 of them
     corr = np.corrcoef(flat.T)[0, 1]
     exact = problem.post_cov[0, 1] / (sd[0] * sd[1])
     assert abs(corr - exact) < 0.005, (corr, exact)
