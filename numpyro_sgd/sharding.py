@@ -30,7 +30,7 @@ from jax import lax, random
 from jax.sharding import PartitionSpec
 from numpyro.primitives import Messenger
 
-from .potential import MinibatchOracle, _subset_without_replacement, uniform_indices
+from .potential import MinibatchOracle, _split_arrays, _subset_without_replacement, uniform_indices
 
 __all__ = ["DataParallelOracle", "check_mesh"]
 
@@ -104,17 +104,21 @@ class DataParallelOracle(MinibatchOracle):
         return jax.tree.map(spec, tree)
 
     def _sharded(self, local_fn, out_specs, theta, indices):
-        """``local_fn(theta, local_indices, model_args, model_kwargs)`` on every device."""
-        args = (self.model_args, self.model_kwargs)
+        """``local_fn(theta, local_indices, model_args, model_kwargs)`` on every device.
+
+        Only the array arguments are operands of the ``shard_map``; the others (a Python
+        ``subsample_size``, a flag, a string) reach the model as they are, as without ``mesh=``:
+        an operand would be a tracer, which ``numpyro.plate`` cannot take as its size."""
+        arrays, rebuild, _ = _split_arrays(self.model_args, self.model_kwargs)
         rows = self.plate.size // self.shards
 
-        def on_device(theta, idx, args):
+        def on_device(theta, idx, arrays):
             offset = lax.axis_index(self.axis) * rows
-            return local_fn(theta, {self.plate.name: idx - offset}, *args)
+            return local_fn(theta, {self.plate.name: idx - offset}, *rebuild(arrays))
 
-        specs = (PartitionSpec(), PartitionSpec(self.axis), self._specs(args))
+        specs = (PartitionSpec(), PartitionSpec(self.axis), self._specs(arrays))
         return jax.shard_map(on_device, mesh=self.mesh, in_specs=specs, out_specs=out_specs)(
-            theta, indices[self.plate.name], args)
+            theta, indices[self.plate.name], arrays)
 
     # ------------------------------------------------------------------ what a step asks
     def draw(self, rng_key):

@@ -95,6 +95,38 @@ SCRIPT = textwrap.dedent(r"""
                                        if any(op + "(" in l for op in ("all-reduce", "all-gather", "all-to-all",
                                                                        "collective-permute", "reduce-scatter"))]
                 out[f"hlo_rows_{label}"] = sorted(set(re.findall(r"f32\[(\d+),3\]", hlo)))
+
+    # mesh= with Python scalars among the model arguments (a subsample_size, a float, a string): the
+    # same draws as the model that closes over them, with and without jit_model_args
+    def with_scalars(X, t, subsample_size, scale=1.0, likelihood="normal"):
+        assert likelihood == "normal", likelihood
+        w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([d]).to_event(1))
+        with numpyro.plate("data", X.shape[0], subsample_size=subsample_size) as i:
+            numpyro.sample("t", dist.Normal(X[i] @ w, scale), obs=t[i])
+
+    def closed_over(X, t):
+        with_scalars(X, t, s, 1.0, "normal")
+
+    def scalar_run(model, jit_model_args, *args, **kwargs):
+        try:
+            mcmc = MCMC(ConstantSGD(model, mesh=mesh), num_warmup=20, num_samples=10, progress_bar=False,
+                        jit_model_args=jit_model_args)
+            mcmc.run(jax.random.key(4), Xs, ts, *args, **kwargs)
+        except Exception as e:
+            return f"{type(e).__name__}: {str(e)[:300]}"
+        return np.asarray(mcmc.get_samples()["w"])
+
+    reference = scalar_run(closed_over, True)
+    for jit_model_args in (False, True):
+        # a string only without jit_model_args: NumPyro's own compiled loop refuses one (mesh= or not)
+        text = () if jit_model_args else ("normal",)
+        for form, (args, kwargs) in {"args": ((s, 1.0, *text), {}),
+                                     "kwargs": ((), dict(subsample_size=s, scale=1.0,
+                                                         **dict(zip(["likelihood"], text))))}.items():
+            w = scalar_run(with_scalars, jit_model_args, *args, **kwargs)
+            out[f"scalars_{form}_{jit_model_args}"] = (
+                w if isinstance(w, str) else dict(shape=list(w.shape), equal=bool(np.array_equal(w, reference)),
+                                                  max_diff=float(np.abs(w - reference).max())))
     print("RESULT" + json.dumps(out))
 """)
 
@@ -156,6 +188,20 @@ def test_data_parallel_gradients_on_two_devices(two_devices):
     assert out["kl_ConstantSGD_True"] < 0.1, out
     if out["full"]:
         assert out["kl_SGLD_True"] < 2 * out["kl_SGLD_False"] + 0.05, out
+
+
+def test_data_parallel_gradients_keep_python_scalar_arguments(two_devices):
+    """``mesh=`` with Python scalars among the model arguments (``subsample_size=s`` sizing the
+    plate, a float ``scale``, a string), positional or keyword, with and without
+    ``jit_model_args=True``: the run samples (the shard_map used to trace the int, and the plate
+    then raised a TracerBoolConversionError), and its draws equal, bit for bit, those of the model
+    that closes over the same values, same key. Bit for bit because the scalars now reach the
+    model as the same Python values in both runs: the two compiled programs are the same. (The
+    string is passed only without ``jit_model_args``: NumPyro's loop cannot take one with it.)"""
+    runs = {k: r for k, r in two_devices.items() if k.startswith("scalars_")}
+    assert len(runs) == 4, sorted(runs)
+    failed = {k: r for k, r in runs.items() if not (isinstance(r, dict) and r["shape"] == [10, 3] and r["equal"])}
+    assert not failed, failed
 
 
 def _exact_mean():
