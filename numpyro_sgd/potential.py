@@ -301,6 +301,7 @@ class SubsampledPotential:
         self.transforms = {} if transforms is None else transforms
         self.param_constraints = {k: real for k in param_values} if param_constraints is None else param_constraints
         self._jaxprs = {}  # see _traced_once
+        self._derived = {}  # see derived
 
     def _replace(self, **changes):
         """A new potential with some constructor fields changed (its traced programs are its own)."""
@@ -333,9 +334,18 @@ class SubsampledPotential:
         version of this potential's model that keeps its sites (e.g. one that rescales them)."""
         return self._replace(model=model)
 
+    def derived(self, key, make):
+        """``make(self)``, built once per ``key`` and kept with this potential: a potential that an
+        oracle derives at every step's trace (the data-parallel oracle's rescaled local potential)
+        then keeps its traced programs instead of tracing the model again each time."""
+        if key not in self._derived:
+            self._derived[key] = make(self)
+        return self._derived[key]
+
     def __getstate__(self):  # the traced programs are rebuilt on first use after unpickling
         state = dict(self.__dict__)
         state["_jaxprs"] = {}
+        state["_derived"] = {}
         return state
 
     def _traced_once(self, name, fn, *tree):

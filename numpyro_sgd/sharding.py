@@ -87,7 +87,9 @@ class DataParallelOracle(MinibatchOracle):
         self.mesh, self.axis = mesh, axis
         (self.plate,) = potential.plates
         self.shards = mesh.shape[axis]
-        self.local = potential.with_model(_GlobalScale(potential.model, {self.plate.name: self.plate.size}))
+        sizes = {self.plate.name: self.plate.size}
+        self.local = potential.derived(("global_scale", tuple(sizes.items())),
+                                       lambda p: p.with_model(_GlobalScale(p.model, sizes)))
 
     def _arguments(self):
         # with_params and conditioned keep the mesh, its axis and the sharded computation
