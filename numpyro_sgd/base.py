@@ -61,6 +61,7 @@ from .checks import (  # noqa: F401 - the constants are re-exported
     warn_full_data_steps,
     warn_hyper_candidates,
     warn_short_blocks,
+    warn_short_run,
 )
 from .potential import (
     SUBSAMPLE_METHODS,
@@ -170,12 +171,10 @@ def _changed_finite(new_state, old_state):
     return jnp.all(jnp.stack(checks)) if checks else jnp.array(True)
 
 
-def _calling_mcmc_shows_progress(max_frames=8):
-    """Whether the ``numpyro.infer.MCMC`` that called :meth:`SGKernel.init` shows a progress bar.
-
-    NumPyro's ``MCMC`` calls ``kernel.init`` without saying; it is found on the call stack (its
-    ``self``). False when the kernel is initialised by hand.
-    """
+def _calling_mcmc(max_frames=10):
+    """The ``numpyro.infer.MCMC`` that called :meth:`SGKernel.init`, or None (a kernel initialised
+    by hand). NumPyro's ``MCMC`` calls ``kernel.init`` without saying, nor how many samples follow
+    (NumPyro 0.22 gives the kernel no hook for it); it is found on the call stack (its ``self``)."""
     from numpyro.infer import MCMC
 
     frame = sys._getframe(2)
@@ -184,9 +183,15 @@ def _calling_mcmc_shows_progress(max_frames=8):
             break
         caller = frame.f_locals.get("self")
         if isinstance(caller, MCMC):
-            return bool(caller.progress_bar)
+            return caller
         frame = frame.f_back
-    return False
+    return None
+
+
+def _calling_mcmc_shows_progress():
+    """Whether the ``numpyro.infer.MCMC`` that called :meth:`SGKernel.init` shows a progress bar."""
+    mcmc = _calling_mcmc()
+    return mcmc is not None and bool(mcmc.progress_bar)
 
 
 class ProgressText(str):
@@ -592,8 +597,26 @@ class SGKernel(MCMCKernel):
                 "init_params."
             )
         state = self._warmup(state, num_warmup, model_args, model_kwargs)
+        self._warn_short_run(state, num_warmup)
         self._sample_fn = self.sample
         return state
+
+    def _warn_short_run(self, state, num_warmup):
+        """At the end of warmup, for an algorithm that predicts its autocorrelation time from the
+        steps warmup chose (``SampleBlock.relaxation``: the Langevin kernels' default steps), warn
+        when the calling ``MCMC``'s ``num_samples`` are too few for it (``checks.warn_short_run``).
+        It reads the post-warmup state, so Python waits for warmup to finish before NumPyro
+        compiles the sampling loop (no overlap of the two); the other kernels pay nothing."""
+        relaxation = self._get_algorithm().block.relaxation
+        if relaxation is None or _is_tracer((state.kernel_state, num_warmup)) or num_warmup == 0:
+            return
+        mcmc = _calling_mcmc()
+        if mcmc is None:
+            return
+        predicted = np.asarray(relaxation(state.kernel_state), float)
+        if np.all(np.isnan(predicted)):
+            return  # no noise estimate (too short a warmup): the noise warmup has said so
+        warn_short_run(type(self).__name__, float(np.nanmax(predicted)), mcmc.num_samples, self._block_steps())
 
     def _compiled_init(self, init_chains, rng_key, init_params, model_args, model_kwargs, num_warmup_steps):
         """``init_chains(rng_key, init_params, model_args, model_kwargs)`` as one compiled program.

@@ -7,6 +7,7 @@ arguments); they hold no state.
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import jax
@@ -17,8 +18,8 @@ from numpyro.util import find_stack_level
 from .likelihood import log_likelihood_chunks
 from .structure import classify_sites, hyper_candidates
 
-__all__ = ["check_problem_size", "warn_short_blocks", "warn_hyper_candidates", "warn_full_data_steps", "check_data",
-           "warn_constant_data", "all_finite"]
+__all__ = ["check_problem_size", "warn_short_blocks", "warn_short_run", "warn_hyper_candidates", "warn_full_data_steps",
+           "check_data", "warn_constant_data", "all_finite"]
 
 
 #: model arguments larger than this, closed over by the compiled loop, get a warning (32 MiB)
@@ -26,6 +27,10 @@ CONSTANT_DATA_WARN_BYTES = 32 * 2**20
 
 #: an explicit ``steps_per_sample`` below relaxation time / this factor warns at ``init``
 RELAXATION_WARN_FACTOR = 10
+
+#: the end of warmup warns when the predicted effective sample size per chain is below this: the
+#: Monte Carlo error of a mean is then above 1/√20 ≈ 0.22 posterior sd in each chain
+MIN_PREDICTED_ESS = 20
 
 #: ``init`` warns for a subsample plate with fewer rows than this (not a stochastic-gradient problem)
 TINY_N = 100
@@ -120,6 +125,30 @@ def warn_short_blocks(name, algorithm, steps_per_sample):
         "num_samples. Leave steps_per_sample unset (default: the relaxation time) or raise it.",
         UserWarning, stacklevel=find_stack_level(),
     )
+
+
+def warn_short_run(name, relaxation, num_samples, steps_per_sample):
+    """Warn at the end of warmup when ``num_samples × steps_per_sample`` SG steps per chain are
+    fewer than :data:`MIN_PREDICTED_ESS` of the predicted autocorrelation time ``relaxation``
+    (SG steps, from the steps warmup chose: ``SampleBlock.relaxation``). Returns the predicted
+    effective sample size per chain (None when it cannot be predicted)."""
+    if relaxation is None or not np.isfinite(relaxation) or relaxation <= 0:
+        return None
+    run = num_samples * steps_per_sample
+    ess = run / relaxation
+    if ess < MIN_PREDICTED_ESS:
+        needed = math.ceil(MIN_PREDICTED_ESS * relaxation / max(num_samples, 1))
+        warnings.warn(
+            f"{name}: the steps chosen in warmup make the chain forget its state along its slowest "
+            f"direction in about {relaxation:,.0f} SG steps (the integrated autocorrelation time of the "
+            f"frozen dynamics), and this run takes num_samples × steps_per_sample = {num_samples:,} × "
+            f"{steps_per_sample:,} = {run:,} SG steps per chain: expect an effective sample size near "
+            f"{ess:.2g} per chain, so means and sds off by more than 0.2 posterior sd. Raise num_samples or "
+            f"steps_per_sample (steps_per_sample={needed:,} gives about {MIN_PREDICTED_ESS} per chain), or "
+            "use ConstantSGD(model, preconditioner='full'), whose draws are one relaxation time apart.",
+            UserWarning, stacklevel=find_stack_level(),
+        )
+    return ess
 
 
 def warn_hyper_candidates(name, potential, model, model_args, model_kwargs):

@@ -18,11 +18,12 @@ from jax import random
 from .diffusions import overdamped_langevin, underdamped_langevin
 from .index_chain import X_ESTIMATES, select_minibatch
 from .noise import sghmc_steps, sgld_step_size
+from .theory import langevin_autocorrelation_time
 from .validation import check_positive
 from .warmup import with_default_steps
 
 __all__ = ["sgld_step", "overdamped_ewsg_update", "ewsg_update", "underdamped_minibatch", "check_friction",
-           "check_step_size", "with_default_overdamped_step", "with_default_underdamped_steps"]
+           "check_step_size", "with_default_overdamped_step", "with_default_underdamped_steps", "with_predicted_relaxation"]
 
 
 def sgld_step(rng_key, theta, grad, step_size, temperature):
@@ -104,7 +105,9 @@ def with_default_overdamped_step(algorithm, potential, name, step_size, target_i
         eps = sgld_step_size(noise, curvature, target_inflation, getattr(state, "temperature", 1.0))
         return state._replace(step_size=eps.astype(state.step_size.dtype))
 
-    return with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample, preconditioner)
+    algorithm = with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample, preconditioner)
+    return with_predicted_relaxation(algorithm, potential, preconditioner,
+                                     lambda state, a: langevin_autocorrelation_time(state.step_size, a))
 
 
 def with_default_underdamped_steps(algorithm, potential, name, step_size, friction, target_inflation, subsample,
@@ -125,4 +128,24 @@ def with_default_underdamped_steps(algorithm, potential, name, step_size, fricti
 
     if step_size is not None or friction is not None:
         preconditioner = "scalar"
-    return with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample, preconditioner)
+    algorithm = with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample, preconditioner)
+    return with_predicted_relaxation(algorithm, potential, preconditioner,
+                                     lambda state, a: langevin_autocorrelation_time(state.step_size, a, state.friction))
+
+
+def with_predicted_relaxation(algorithm, potential, preconditioner, time):
+    """The algorithm whose ``block.relaxation`` predicts, at the end of warmup, the integrated
+    autocorrelation time of its slowest direction: ``time(kernel_state, a)`` (NumPy, on the host)
+    at the curvature a = N of every direction in the coordinates of the warmup's curvature
+    (:class:`~numpyro_sgd.warmup.CurvatureBasis`: Lᵀ A L = N I). In the model's coordinates
+    (``preconditioner="scalar"``) the slowest curvature is not estimated, so nothing is
+    predicted; with a diagonal basis a = N ignores the correlations the basis leaves, and the
+    prediction is a lower bound."""
+    if preconditioner == "scalar":
+        return algorithm
+    n = float(potential.num_data)
+
+    def relaxation(state):
+        return time(state, n)
+
+    return algorithm._replace(block=algorithm.block._replace(relaxation=relaxation))

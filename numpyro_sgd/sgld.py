@@ -11,13 +11,21 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax.numpy as jnp
+import numpy as np
 from jax import random
 
 from .base import SGAlgorithm, SGKernel, StepInfo
 from .diffusions import overdamped_langevin
-from .langevin import check_step_size, overdamped_ewsg_update, sgld_step, with_default_overdamped_step
+from .langevin import (
+    check_step_size,
+    overdamped_ewsg_update,
+    sgld_step,
+    with_default_overdamped_step,
+    with_predicted_relaxation,
+)
 from .noise import TARGET_INFLATION, check_target_inflation, sgld_step_size
 from .schedules import check_schedule, robbins_monro
+from .theory import langevin_autocorrelation_time
 from .validation import check_number, check_positive
 from .warmup import check_langevin_preconditioner, pop_warmup_options, with_default_steps
 
@@ -249,7 +257,13 @@ def psgld(potential, step_size=None, decay=0.99, damping=1e-5, *, target_inflati
         return state._replace(second_moment=second.astype(state.second_moment.dtype),
                               step_size=eps.astype(state.step_size.dtype), started=jnp.array(True))
 
-    return with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample, preconditioner)
+    algorithm = with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample, preconditioner)
+
+    def relaxation(state, a):  # SGLD's along the direction whose G is smallest (G as set above)
+        g = 1.0 / (np.asarray(state.damping)[..., None] + np.sqrt(np.asarray(state.second_moment)))
+        return langevin_autocorrelation_time(np.asarray(state.step_size) * np.min(g, axis=-1), a)
+
+    return with_predicted_relaxation(algorithm, potential, preconditioner, relaxation)
 
 
 class PSGLD(SGKernel):

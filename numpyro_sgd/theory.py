@@ -10,7 +10,7 @@ import numpy as np
 import scipy.linalg
 
 __all__ = ["lyapunov_covariance", "as_matrix", "iterate_average_covariance", "iasg_covariance", "window_error",
-           "averaged_variance_shortfall", "iasg_validity"]
+           "averaged_variance_shortfall", "iasg_validity", "langevin_autocorrelation_time"]
 
 
 def as_matrix(precond, dim):
@@ -152,3 +152,39 @@ def iasg_validity(step_size, window, eig_min, eig_max):
             "window_product": x, "window_error_eq46": float(window_error(x)),
             "window_error": float(averaged_variance_shortfall(eps * lo, t)), "stiff_spread": eps * t * hi / 2,
             "stiff_error": float(averaged_variance_shortfall(eps * hi, t))}
+
+
+def langevin_autocorrelation_time(step_size, curvature, friction=None):
+    """Integrated autocorrelation time, in SG steps, of θ along a direction of curvature a under a
+    constant-step Langevin recursion (the linear recursion near the mode, its injected noise only;
+    the minibatch noise, a fraction of it at the default steps, is left out):
+
+    * overdamped (SGLD, Welling & Teh Eq. 4): θ' = (1 − ε a/2) θ + √ε ξ, an AR(1) with
+      ρ = 1 − ε a/2, so τ = (1 + ρ)/(1 − ρ);
+    * underdamped (SGHMC, EWSG paper Eq. 3, unit mass, ``friction`` γ): x' = M x + w for
+      x = (θ, r), M = [[1, h], [−h a, 1 − h γ]], Cov w = diag(0, 2γh). With Σ the stationary
+      covariance (Σ = M Σ Mᵀ + Cov w) the autocovariances are Mᵏ Σ, so
+      τ = [(I − M)⁻¹ (I + M) Σ]_θθ / Σ_θθ, exact also near critical damping and for oscillating
+      modes.
+
+    Broadcasts over arrays (e.g. one step size per chain). ``inf`` where the recursion does not
+    contract, NaN for a NaN step.
+    """
+    eps, a = np.asarray(step_size, float), np.asarray(curvature, float)
+    if friction is None:
+        rho = 1.0 - eps * a / 2.0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            tau = (1.0 + rho) / (1.0 - rho)
+        return np.where(np.abs(rho) < 1.0, tau, np.where(np.isnan(rho), np.nan, np.inf))
+    h, a, gamma = np.broadcast_arrays(eps, a, np.asarray(friction, float))
+    out = np.empty(h.shape)
+    for index in np.ndindex(h.shape):
+        m = np.array([[1.0, h[index]], [-h[index] * a[index], 1.0 - h[index] * gamma[index]]])
+        if not np.all(np.isfinite(m)):
+            out[index] = np.nan
+        elif np.max(np.abs(np.linalg.eigvals(m))) >= 1.0:
+            out[index] = np.inf
+        else:
+            sigma = scipy.linalg.solve_discrete_lyapunov(m, np.diag([0.0, 2.0 * gamma[index] * h[index]]))
+            out[index] = np.linalg.solve(np.eye(2) - m, (np.eye(2) + m) @ sigma)[0, 0] / sigma[0, 0]
+    return out if out.shape else float(out)

@@ -6,6 +6,7 @@ gradient-noise covariance Q and the curvature A, and ``end_warmup`` sets the ste
 ``sghmc_steps``, ``santa_step_size``). A given step size keeps the old burn-in path.
 """
 
+import re
 import warnings
 
 import arviz as az
@@ -13,10 +14,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.signal
 from numpyro.infer import MCMC
 
 from numpyro_sgd import EWSG, PSGLD, SGHMC, SGLD, OverdampedEWSG, Santa
+from numpyro_sgd.checks import MIN_PREDICTED_ESS
 from numpyro_sgd.noise import TARGET_INFLATION, santa_step_size, sghmc_steps, sgld_step_size
+from numpyro_sgd.theory import langevin_autocorrelation_time
 from numpyro_sgd.warmup import curvature_basis
 
 #: a small, mildly correlated conjugate regression: S/N = 0.1 makes the chains at the default
@@ -266,3 +270,53 @@ def test_preconditioner_argument(small_linreg):
     assert not np.allclose(np.asarray(state.basis.scale), 1.0)
     assert SGLD(small_linreg.model, step_size=1e-4).init(jax.random.key(0), 3, None, small_linreg.args,
                                                          {}).kernel_state.basis == ()
+
+
+@pytest.mark.parametrize("kernel_cls", [SGLD, SGHMC], ids=["SGLD", "SGHMC"])
+def test_a_run_too_short_for_the_chosen_steps_warns_at_the_end_of_warmup(problem, kernel_cls):
+    """At the end of warmup the chosen steps predict the chain's integrated autocorrelation time
+    (``SampleBlock.relaxation``, :func:`~numpyro_sgd.theory.langevin_autocorrelation_time` at the
+    curvature N of the curvature's coordinates): a run of one SG step per sample (N/S = 10 here)
+    predicts an ESS near 10 per chain and warns during ``mcmc.run``, before sampling. The draws'
+    ESS then agrees with the prediction within a factor of 3 (the ESS estimate of so short a run
+    is itself uncertain by tens of %)."""
+    mcmc = MCMC(kernel_cls(problem.model), num_warmup=NUM_WARMUP, num_samples=1_000, num_chains=NUM_CHAINS,
+                chain_method="vectorized", progress_bar=False)
+    with pytest.warns(UserWarning, match=r"forget its state .* expect an effective sample size near") as record:
+        mcmc.run(jax.random.key(0), *problem.args)
+    message = next(str(w.message) for w in record if "forget its state" in str(w.message))
+    predicted = float(re.search(r"sample size near ([\d.e+]+) per chain", message).group(1))
+    assert predicted < MIN_PREDICTED_ESS
+    w = np.asarray(mcmc.get_samples(group_by_chain=True)["w"])
+    measured = az.ess(az.convert_to_dataset({"w": w}))["w"].values / NUM_CHAINS
+    assert np.all(measured > predicted / 3) and np.all(measured < 3 * predicted), (measured, predicted)
+
+
+def test_a_long_enough_run_does_not_warn(problem):
+    """The same kernel with a draw every 40 SG steps (the posterior test above): no warning."""
+    mcmc = MCMC(SGLD(problem.model, steps_per_sample=STEPS_PER_SAMPLE), num_warmup=NUM_WARMUP, num_samples=100,
+                progress_bar=False)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        mcmc.run(jax.random.key(0), *problem.args)
+    assert not [str(w.message) for w in record if "forget its state" in str(w.message)]
+
+
+def test_langevin_autocorrelation_time_is_that_of_the_linear_recursion():
+    """Against the spectral radius of the recursions' matrices, and the AR(1) closed form."""
+    eps, a = 1e-3, 50.0
+    rho = 1 - eps * a / 2
+    assert np.isclose(langevin_autocorrelation_time(eps, a), (1 + rho) / (1 - rho))
+    rng = np.random.default_rng(0)
+    for h, gamma in ((1e-2, 30.0), (1e-2, 2 * np.sqrt(a))):  # overdamped (γ² > 4a) and critical damping
+        # θ of the recursion is an AR(2) driven by the momentum's noise: simulate 10⁶ steps and sum
+        # its empirical autocorrelations up to 20 τ (relative error ≈ √(2·20τ/10⁶)·τ ≈ a few %)
+        trace, det = 2 - h * gamma, 1 - h * gamma + h * h * a
+        path = scipy.signal.lfilter([h], [1.0, -trace, det], np.sqrt(2 * gamma * h) * rng.standard_normal(1_000_000))
+        tau = langevin_autocorrelation_time(h, a, gamma)
+        x = path[10_000:] - path[10_000:].mean()
+        spectrum = np.fft.rfft(x, 2 * x.size)
+        acf = np.fft.irfft(spectrum * np.conj(spectrum))[: int(20 * tau)] / (x @ x)
+        assert abs(1 + 2 * acf[1:].sum() - tau) < 0.1 * tau, (1 + 2 * acf[1:].sum(), tau)
+    assert np.isinf(langevin_autocorrelation_time(5.0, a))  # ε a ≥ 4: no contraction
+    assert np.isnan(langevin_autocorrelation_time(np.nan, a))
