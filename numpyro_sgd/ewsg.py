@@ -134,8 +134,7 @@ class EWSGState(NamedTuple):
     num_index_proposed: jnp.ndarray
     #: noise-warmup state with a default step size or friction; empty when both are given
     warmup: tuple = ()
-    #: the coordinates the default steps run in (:class:`~numpyro_sgd.warmup.CurvatureBasis`, set at
-    #: the end of warmup); empty with ``preconditioner="scalar"`` or given steps
+    #: the default steps' coordinates, as :attr:`~numpyro_sgd.SGLDState.basis`
     basis: tuple = ()
 
 
@@ -246,11 +245,8 @@ class EWSG(_IndexChainKernel):
     :param int num_index_steps: M ≥ 0 (default 1).
     :param str x_estimate: ``"momentum"`` (default), ``"zero"``, ``"one"`` or ``"stop"``.
     :param float target_inflation: τ ∈ (0, 1) of the default step size (default 0.1).
-    :param str preconditioner: the coordinates the default steps run in: ``"auto"`` (default:
-        those of the warmup's curvature A, :class:`~numpyro_sgd.warmup.CurvatureBasis`; in full up
-        to D = 1000, its diagonal above), ``"full"``, ``"diag"``, or ``"scalar"`` (the model's
-        own, the paper's kernel). With a given step size the kernel runs in the model's
-        coordinates.
+    :param str preconditioner: the coordinates of the default steps, as for :class:`~numpyro_sgd.SGLD`
+        (default ``"auto"``: the warmup's curvature; ``"scalar"``: the paper's kernel).
     :param kwargs: see :class:`~numpyro_sgd.base.SGKernel` (``steps_per_sample``, ``subsample``,
         ``warmup_subsample``, ``init_strategy``) and, with a default step or friction, the warmup
         options of :class:`~numpyro_sgd.ConstantSGD`.
@@ -297,8 +293,7 @@ class OverdampedEWSGState(NamedTuple):
     num_index_proposed: jnp.ndarray
     #: noise-warmup state with the default step size; empty with a given step size
     warmup: tuple = ()
-    #: the coordinates the default steps run in (:class:`~numpyro_sgd.warmup.CurvatureBasis`, set at
-    #: the end of warmup); empty with ``preconditioner="scalar"`` or given steps
+    #: the default steps' coordinates, as :attr:`~numpyro_sgd.SGLDState.basis`
     basis: tuple = ()
 
 
@@ -363,11 +358,8 @@ class OverdampedEWSG(_IndexChainKernel):
     :param float step_size: ε > 0, or None (default: see above).
     :param int num_index_steps: M ≥ 0 (default 1).
     :param float target_inflation: τ ∈ (0, 1) of the default step size (default 0.1).
-    :param str preconditioner: the coordinates the default steps run in: ``"auto"`` (default:
-        those of the warmup's curvature A, :class:`~numpyro_sgd.warmup.CurvatureBasis`; in full up
-        to D = 1000, its diagonal above), ``"full"``, ``"diag"``, or ``"scalar"`` (the model's
-        own, the paper's kernel). With a given step size the kernel runs in the model's
-        coordinates.
+    :param str preconditioner: the coordinates of the default steps, as for :class:`~numpyro_sgd.SGLD`
+        (default ``"auto"``: the warmup's curvature; ``"scalar"``: the paper's kernel).
     :param kwargs: see :class:`~numpyro_sgd.base.SGKernel` and, with the default step size, the
         warmup options of :class:`~numpyro_sgd.ConstantSGD`.
     """

@@ -36,8 +36,7 @@ class SGHMCState(NamedTuple):
     friction: jnp.ndarray
     #: noise-warmup state with a default step size or friction; empty when both are given
     warmup: tuple = ()
-    #: the coordinates the default steps run in (:class:`~numpyro_sgd.warmup.CurvatureBasis`, set at
-    #: the end of warmup); empty with ``preconditioner="scalar"`` or given steps
+    #: the default steps' coordinates, as :attr:`~numpyro_sgd.SGLDState.basis`
     basis: tuple = ()
 
 
@@ -119,11 +118,8 @@ class SGHMC(SGKernel):
     :param float step_size: h > 0, or None (default: see above).
     :param float friction: γ > 0, or None (default: see above).
     :param float target_inflation: τ ∈ (0, 1) of the default step size (default 0.1).
-    :param str preconditioner: the coordinates the default steps run in: ``"auto"`` (default:
-        those of the warmup's curvature A, :class:`~numpyro_sgd.warmup.CurvatureBasis`; in full up
-        to D = 1000, its diagonal above), ``"full"``, ``"diag"``, or ``"scalar"`` (the model's
-        own, the paper's kernel). With a given step size or friction the kernel runs in the model's
-        coordinates.
+    :param str preconditioner: the coordinates of the default steps, as for :class:`~numpyro_sgd.SGLD`
+        (default ``"auto"``: the warmup's curvature; ``"scalar"``: the paper's kernel).
     :param kwargs: see :class:`~numpyro_sgd.base.SGKernel` and, with a default step or friction,
         the warmup options of :class:`~numpyro_sgd.ConstantSGD`.
     """

@@ -202,8 +202,7 @@ class PSGLDState(NamedTuple):
     started: jnp.ndarray
     #: noise-warmup state with the default step size; empty with a given step size
     warmup: tuple = ()
-    #: the coordinates the default steps run in (:class:`~numpyro_sgd.warmup.CurvatureBasis`, set at
-    #: the end of warmup); empty with ``preconditioner="scalar"`` or given steps
+    #: the default steps' coordinates, as :attr:`~numpyro_sgd.SGLDState.basis`
     basis: tuple = ()
 
 
@@ -311,11 +310,8 @@ class PSGLD(SGKernel):
     :param float decay: α ∈ (0, 1), the RMSprop decay of V (default 0.99).
     :param float damping: λ > 0 (default 1e-5).
     :param float target_inflation: τ ∈ (0, 1) of the default step size (default 0.1).
-    :param str preconditioner: the coordinates the default steps run in: ``"auto"`` (default:
-        those of the warmup's curvature A, :class:`~numpyro_sgd.warmup.CurvatureBasis`; in full up
-        to D = 1000, its diagonal above), ``"full"``, ``"diag"``, or ``"scalar"`` (the model's
-        own, the paper's kernel). With a given step size the kernel runs in the model's
-        coordinates.
+    :param str preconditioner: the coordinates of the default steps, as for :class:`~numpyro_sgd.SGLD`
+        (default ``"auto"``: the warmup's curvature; ``"scalar"``: the paper's kernel).
     :param kwargs: see :class:`~numpyro_sgd.base.SGKernel` and, with the default step size, the
         warmup options of :class:`~numpyro_sgd.ConstantSGD`.
     """
