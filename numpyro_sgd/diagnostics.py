@@ -912,7 +912,10 @@ def _gibbs_hint(kernel):
 
     if not isinstance(kernel, SGWithinGibbs):
         return ""
-    return (" With SGWithinGibbs, first put the outcome (not only the predictors) on unit scale: the group "
+    hint = (" With SGWithinGibbs, first put the outcome (not only the predictors) on unit scale: the group "
             "latents start on the unit scale, the hyperparameters are drawn given latents that have not yet "
-            "reached the data, and a collapsed group scale pins them there; and take a subsample_size with at "
-            "least 10 rows of each group per minibatch (docs/hierarchical.md).")
+            "reached the data, and a collapsed group scale pins them there (docs/hierarchical.md).")
+    if kernel.group_warning is not None:  # the group-size cause applies: init found it
+        hint += (" Groups with too few rows per minibatch also give this (init warned: "
+                 + kernel.group_warning.removeprefix("SGWithinGibbs: ") + ")")
+    return hint

@@ -508,11 +508,18 @@ class SGWithinGibbs(SGWrapper):
         self._hyper_names = None
         self._setup_args = None
         self._z_potential = None
+        self._group_warning = None
 
     @property
     def hyper_sites(self):
         """The hyper sites in use (known after ``init``)."""
         return self._traced(self._hyper_names)
+
+    @property
+    def group_warning(self):
+        """The warning ``init`` gave about groups with no rows, or too few rows per minibatch
+        (None if every group had enough); :func:`~numpyro_sgd.check_run` repeats its cause."""
+        return getattr(self, "_group_warning", None)  # kernels pickled before it existed
 
     @property
     def z_potential(self):
@@ -543,18 +550,17 @@ class SGWithinGibbs(SGWrapper):
             if sparse:
                 site, groups = sparse[0]
                 rows = min(p.subsample_size for p in potential.plates)
-                warnings.warn(
+                self._group_warning = (
                     f"SGWithinGibbs: the group latent '{site}' has {groups} groups and a minibatch holds S = {rows} "
                     f"rows, about {rows / groups:.2g} rows of each group (if each row belongs to one group). Below "
                     f"about {MIN_ROWS_PER_GROUP} rows per group per minibatch the group latents' gradient noise is far "
                     "from Gaussian and the draws of their sds come out inflated (measured on the OSIC-shaped model: "
                     "2.8 rows per group gave group sds up to 20× NUTS's; 11 gave all within 0.15 sd). Raise "
-                    f"subsample_size to at least {MIN_ROWS_PER_GROUP * groups}, or use NUTS.", UserWarning,
-                    stacklevel=find_stack_level())
+                    f"subsample_size to at least {MIN_ROWS_PER_GROUP * groups}, or use NUTS.")
             else:  # the average is enough: count each group's rows
-                message = _sparse_group_message(potential, list(groups), model_args, model_kwargs)
-                if message is not None:
-                    warnings.warn(message, UserWarning, stacklevel=find_stack_level())
+                self._group_warning = _sparse_group_message(potential, list(groups), model_args, model_kwargs)
+            if self._group_warning is not None:
+                warnings.warn(self._group_warning, UserWarning, stacklevel=find_stack_level())
         self._z_potential = None
         algorithm = sg_within_gibbs(self.inner_algorithm, potential, self._hyper_names, **self._nuts_options)
         if algorithm.block.summarises:

@@ -332,6 +332,16 @@ def test_groups_with_no_rows_or_few_rows_are_named_at_init():
         with numpyro.plate("data", y.shape[0], subsample_size=s) as idx:
             numpyro.sample("y", dist.Normal(z[g[idx]], 1.0), obs=y[idx])
 
+    kernel = SGWithinGibbs(ConstantSGD(model))
     with pytest.warns(UserWarning, match=r"group latent 'z': z\[7\] has no row in the data.*; z\[6\] has fewer than "
                                          r"10 rows per minibatch of S = 200 \(fewest: z\[6\], 3\).*at least 667"):
-        SGWithinGibbs(ConstantSGD(model)).init(jax.random.key(0), 10, None, (jnp.asarray(g), jnp.asarray(y)), {})
+        kernel.init(jax.random.key(0), 10, None, (jnp.asarray(g), jnp.asarray(y)), {})
+    # check_run's advice for this kernel names the group-size cause, as init found it ...
+    from numpyro_sgd.diagnostics import _gibbs_hint
+
+    assert "Groups with too few rows per minibatch also give this (init warned: the group latent 'z'" in \
+        _gibbs_hint(kernel)
+    # ... and only where it applies: with every group well represented it names the data's scale only
+    balanced = SGWithinGibbs(ConstantSGD(model))
+    balanced.init(jax.random.key(0), 10, None, (jnp.asarray(np.arange(n) % groups), jnp.asarray(y)), {})
+    assert balanced.group_warning is None and "too few rows" not in _gibbs_hint(balanced)
