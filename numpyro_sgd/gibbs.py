@@ -392,7 +392,8 @@ def sg_within_gibbs(inner, potential, hyper_names, target_accept_prob=0.8, max_t
 
     # a warmup step of its own even when the inner warmup is burn-in: φ's NUTS adapts in warmup
     return SGAlgorithm(init, inner_step(algorithm.sample_step), warmup_step=inner_step(algorithm.step(warmup=True)),
-                       end_warmup=end_warmup, block=algorithm.block, end_block=end_block, describe=describe)
+                       end_warmup=end_warmup, block=algorithm.block.through(lambda s: s.inner),
+                       end_block=end_block, describe=describe)
 
 
 class SGWithinGibbs(SGWrapper):

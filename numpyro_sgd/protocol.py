@@ -57,6 +57,15 @@ class SampleBlock(NamedTuple):
     #: sample are their relaxation time, which ``steps`` and ``chosen`` already say)
     relaxation: Optional[Callable] = None
 
+    def through(self, inner):
+        """This block for a wrapper whose kernel state holds the wrapped algorithm's state at
+        ``inner(state)``: ``chosen`` and ``relaxation`` read that state."""
+
+        def compose(read):
+            return None if read is None else (lambda state: read(inner(state)))
+
+        return self._replace(chosen=compose(self.chosen), relaxation=compose(self.relaxation))
+
 
 class SGAlgorithm(NamedTuple):
     """A stochastic-gradient algorithm as pure per-chain functions (see the module docstring).

@@ -178,9 +178,9 @@ def variational_em(inner, potential, optimizer):
         return f"{text}, {values}" if text else values
 
     # warmup_step always differs from sample_step (λ is held in warmup): never burn-in
-    return SGAlgorithm(init, sample_step, warmup_step=warmup_step, end_warmup=end_warmup, block=inner.block,
-                       start_block=start_block, end_block=end_block if needs_block_end else None,
-                       describe=describe)
+    return SGAlgorithm(init, sample_step, warmup_step=warmup_step, end_warmup=end_warmup,
+                       block=inner.block.through(lambda s: s.inner), start_block=start_block,
+                       end_block=end_block if needs_block_end else None, describe=describe)
 
 
 class VariationalEM(SGWrapper):

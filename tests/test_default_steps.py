@@ -13,11 +13,14 @@ import arviz as az
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpyro
+import numpyro.distributions as dist
 import pytest
 import scipy.signal
+from numpyro.distributions import constraints
 from numpyro.infer import MCMC
 
-from numpyro_sgd import EWSG, PSGLD, SGHMC, SGLD, OverdampedEWSG, Santa
+from numpyro_sgd import EWSG, PSGLD, SGHMC, SGLD, OverdampedEWSG, Santa, VariationalEM
 from numpyro_sgd.checks import MIN_PREDICTED_ESS
 from numpyro_sgd.noise import TARGET_INFLATION, santa_step_size, sghmc_steps, sgld_step_size
 from numpyro_sgd.theory import langevin_autocorrelation_time
@@ -320,3 +323,19 @@ def test_langevin_autocorrelation_time_is_that_of_the_linear_recursion():
         assert abs(1 + 2 * acf[1:].sum() - tau) < 0.1 * tau, (1 + 2 * acf[1:].sum(), tau)
     assert np.isinf(langevin_autocorrelation_time(5.0, a))  # ε a ≥ 4: no contraction
     assert np.isnan(langevin_autocorrelation_time(np.nan, a))
+
+
+def test_the_prediction_reads_through_a_wrapper(problem):
+    """VariationalEM (and SGWithinGibbs) keep the Langevin kernel's state inside their own
+    (``SampleBlock.through``): the end-of-warmup prediction reads it there, so a short run of a
+    wrapped default-step kernel warns as the bare kernel does."""
+
+    def with_param(X, y=None):
+        scale = numpyro.param("prior_scale", 1.0, constraint=constraints.positive)
+        w = numpyro.sample("w", dist.Normal(0, scale).expand([X.shape[1]]).to_event(1))
+        with numpyro.plate("data", X.shape[0], subsample_size=problem.s) as idx:
+            numpyro.sample("y", dist.Normal(X[idx] @ w, problem.noise), obs=y[idx])
+
+    mcmc = MCMC(VariationalEM(SGLD(with_param)), num_warmup=NUM_WARMUP, num_samples=100, progress_bar=False)
+    with pytest.warns(UserWarning, match="forget its state"):
+        mcmc.run(jax.random.key(0), *problem.args)
