@@ -66,7 +66,7 @@ KERNELS = [
     pytest.param(OverdampedEWSG, {}, id="OverdampedEWSG", marks=pytest.mark.slow),
     pytest.param(Santa, {}, id="Santa"),
     # the papers' kernel, in the model's coordinates (the rule's bounds hold there as well)
-    pytest.param(SGLD, {"preconditioner": "scalar"}, id="SGLD-scalar"),
+    pytest.param(SGLD, {"preconditioner": "scalar"}, id="SGLD-scalar", marks=pytest.mark.slow),
 ]
 #: user settings of each kernel (the old path: no noise warmup)
 USER_STEPS = {"SGLD": dict(step_size=1e-4), "PSGLD": dict(step_size=1e-4), "SGHMC": dict(step_size=1e-3, friction=20.0),
@@ -239,7 +239,8 @@ def test_rules_accept_a_diagonal_noise_estimate():
 CORRELATED = dict(n=1_000, d=2, s=100, rho=0.99, scales=[1.0, 1.0], seed=3)
 
 
-@pytest.mark.parametrize("kernel_cls", [SGLD, SGHMC, Santa], ids=["SGLD", "SGHMC", "Santa"])
+@pytest.mark.parametrize("kernel_cls", [SGLD, pytest.param(SGHMC, marks=pytest.mark.slow),
+                                        pytest.param(Santa, marks=pytest.mark.slow)], ids=["SGLD", "SGHMC", "Santa"])
 def test_default_steps_mix_on_a_correlated_posterior(small_linreg, kernel_cls):
     """Correlation −0.99 (issue 30: 1.6 sd off with the unpreconditioned defaults): in the
     coordinates of the warmup's curvature every direction relaxes at the rate of the fastest, so
@@ -275,7 +276,7 @@ def test_preconditioner_argument(small_linreg):
                                                          {}).kernel_state.basis == ()
 
 
-@pytest.mark.parametrize("kernel_cls", [SGLD, SGHMC], ids=["SGLD", "SGHMC"])
+@pytest.mark.parametrize("kernel_cls", [SGLD, pytest.param(SGHMC, marks=pytest.mark.slow)], ids=["SGLD", "SGHMC"])
 def test_a_run_too_short_for_the_chosen_steps_warns_at_the_end_of_warmup(problem, kernel_cls):
     """At the end of warmup the chosen steps predict the chain's integrated autocorrelation time
     (``SampleBlock.relaxation``, :func:`~numpyro_sgd.theory.langevin_autocorrelation_time` at the

@@ -123,12 +123,12 @@ def test_subsampling_a_full_plate_needs_one_answer():
     picks it. A model that does not index its data by the plate's indices cannot be subsampled."""
     z = jnp.ones(50)
     with pytest.raises(ValueError, match=r"does not say which to subsample.*\['data', 'other'\].*subsample_size="):
-        ConstantSGD(two_plate_model, subsample_size=10).init(jax.random.key(0), 10, None, (X, Y, z), {})
+        ConstantSGD(two_plate_model, subsample_size=10).init(jax.random.key(0), 0, None, (X, Y, z), {})
     kernel = ConstantSGD(two_plate_model, subsample_size={"data": 10})
-    kernel.init(jax.random.key(0), 10, None, (X, Y, z), {})
+    kernel.init(jax.random.key(0), 0, None, (X, Y, z), {})
     assert [(p.name, p.subsample_size) for p in kernel.potential.plates] == [("data", 10)]
     with pytest.raises(ValueError, match=r"subsampling plate\(s\) \['data'\].*as idx"):
-        ConstantSGD(unindexed_model, subsample_size=10).init(jax.random.key(0), 10, None, (X, Y), {})
+        ConstantSGD(unindexed_model, subsample_size=10).init(jax.random.key(0), 0, None, (X, Y), {})
 
 
 def test_a_step_that_touches_all_n_rows_warns():
@@ -148,7 +148,7 @@ def test_a_step_that_touches_all_n_rows_warns():
             numpyro.sample("y", dist.Normal(mu[idx], 1.0), obs=y[idx])
 
     with pytest.warns(UserWarning, match=r"does not shrink with S.*mu\[idx\].*X\[idx\] @ w"):
-        ConstantSGD(predictor_on_all_rows).init(jax.random.key(0), 10, None, (x, y), {})
+        ConstantSGD(predictor_on_all_rows).init(jax.random.key(0), 0, None, (x, y), {})
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ConstantSGD(model).init(jax.random.key(0), 10, None, (x, y, 100), {})
@@ -194,9 +194,9 @@ def test_non_finite_data_are_named_before_sampling():
     y = np.asarray(Y).copy()
     y[[7, 503]] = np.nan
     with pytest.raises(ValueError, match=r"site 'y' of plate 'data'.*2 row\(s\) \[7, 503\].*handlers.mask"):
-        ConstantSGD(model).init(jax.random.key(0), 10, None, (X, jnp.asarray(y)), {})
+        ConstantSGD(model).init(jax.random.key(0), 0, None, (X, jnp.asarray(y)), {})
     with pytest.raises(ValueError, match=r"\[7, 503\]"):  # NumPy data, vectorized chains
-        ConstantSGD(model).init(jax.random.split(jax.random.key(0), 2), 10, None, (X, y), {})
+        ConstantSGD(model).init(jax.random.split(jax.random.key(0), 2), 0, None, (X, y), {})
 
     def masked_model(x, y):
         w = numpyro.sample("w", dist.Normal(0, 1).expand([2]).to_event(1))
@@ -205,7 +205,7 @@ def test_non_finite_data_are_named_before_sampling():
             with numpyro.handlers.mask(mask=jnp.isfinite(yi)):
                 numpyro.sample("y", dist.Normal(x[idx] @ w, 1.0), obs=jnp.nan_to_num(yi))
 
-    ConstantSGD(masked_model).init(jax.random.key(0), 10, None, (X, jnp.asarray(y)), {})
+    ConstantSGD(masked_model).init(jax.random.key(0), 0, None, (X, jnp.asarray(y)), {})
 
 
 def test_plate_larger_than_the_data_is_refused():
@@ -219,7 +219,7 @@ def test_plate_larger_than_the_data_is_refused():
             numpyro.sample("y", dist.Normal(x[idx] @ w, 1.0), obs=y[idx])
 
     with pytest.raises(ValueError, match=r"plate .data. has size 2000.*out of bounds.*X.shape\[0\]"):
-        ConstantSGD(too_big).init(jax.random.key(0), 10, None, (X, Y), {})
+        ConstantSGD(too_big).init(jax.random.key(0), 0, None, (X, Y), {})
 
     def closed_over(size):  # data in the closure, no array argument: JAX's index checks see it
         def m():
@@ -229,16 +229,16 @@ def test_plate_larger_than_the_data_is_refused():
         return m
 
     with pytest.raises(ValueError, match=r"plate 'data' has size 2000"):
-        ConstantSGD(closed_over(2 * N)).init(jax.random.key(0), 10, None, (), {})
-    ConstantSGD(closed_over(N)).init(jax.random.key(0), 10, None, (), {})
+        ConstantSGD(closed_over(2 * N)).init(jax.random.key(0), 0, None, (), {})
+    ConstantSGD(closed_over(N)).init(jax.random.key(0), 0, None, (), {})
 
 
 def test_subsample_size_equal_to_n_is_named():
     """subsample_size = N used to give "the model has no subsample plate", which is false."""
     with pytest.raises(ValueError, match=r"plate 'data' declares subsample_size equal to its size N = 1000.*NUTS"):
-        ConstantSGD(model).init(jax.random.key(0), 10, None, (X, Y, N), {})
+        ConstantSGD(model).init(jax.random.key(0), 0, None, (X, Y, N), {})
     kernel = ConstantSGD(model, subsample_size=100)  # the kernel's S still subsamples it
-    kernel.init(jax.random.key(0), 10, None, (X, Y, N), {})
+    kernel.init(jax.random.key(0), 0, None, (X, Y, N), {})
     assert kernel.potential.plates[0].subsample_size == 100
 
 

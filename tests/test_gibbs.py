@@ -70,6 +70,11 @@ def horseshoe(x, y):
         numpyro.sample("y", dist.Normal(x[idx] @ beta, 1.0), obs=y[idx])
 
 
+# Tests of init-time checks call ``kernel.init(key, 0, ...)``: the checks run before warmup, so
+# no warmup program (with its φ-NUTS) is compiled; the noise warmup then warns that it cannot
+# estimate the noise, and each test matches its own message.
+
+
 @pytest.fixture(scope="module")
 def data():
     rng = np.random.default_rng(0)
@@ -201,7 +206,7 @@ def test_loc_scale_reparam_inside_the_model_is_refused(data):
     put the reparam around the model; hyper_candidates says the same."""
     fix = r"site 'z' is decentred by a LocScaleReparam .* inside the model.*numpyro.handlers.reparam\(model, config="
     with pytest.raises(ValueError, match=fix):
-        SGWithinGibbs(ConstantSGD(non_centred_inside)).init(jax.random.key(0), 10, None, data, {})
+        SGWithinGibbs(ConstantSGD(non_centred_inside)).init(jax.random.key(0), 0, None, data, {})
     with pytest.raises(ValueError, match=fix):
         hyper_candidates(non_centred_inside, *data)
 
@@ -251,15 +256,15 @@ def test_plain_kernel_on_a_hierarchical_model_warns(data):
     sites, or non-centred by hand, gives no such warning."""
     kernel = ConstantSGD(centred)
     with pytest.warns(UserWarning, match=r"\['mu', 'tau'\] have no observed child.*SGWithinGibbs\(ConstantSGD"):
-        kernel.init(jax.random.key(0), 10, None, data, {})
+        kernel.init(jax.random.key(0), 0, None, data, {})
     with pytest.warns(UserWarning, match=r"\['mu', 'tau'\] have no observed child in a subsample plate once its "
                       r"LocScaleReparam sites are centred"):
-        ConstantSGD(non_centred_reparam).init(jax.random.key(0), 10, None, data, {})
+        ConstantSGD(non_centred_reparam).init(jax.random.key(0), 0, None, data, {})
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        ConstantSGD(no_hyper).init(jax.random.key(0), 10, None, data, {})
-        ConstantSGD(non_centred_by_hand).init(jax.random.key(0), 10, None, data, {})
-        kernel.init(jax.random.key(1), 10, None, data, {})
+        ConstantSGD(no_hyper).init(jax.random.key(0), 0, None, data, {})
+        ConstantSGD(non_centred_by_hand).init(jax.random.key(0), 0, None, data, {})
+        kernel.init(jax.random.key(1), 0, None, data, {})
     assert not [w for w in record if "no observed child" in str(w.message)]
 
 
@@ -302,12 +307,12 @@ def test_few_rows_per_group_per_minibatch_warns(data):
     horseshoe's β, which every row touches) is not a group latent."""
     with pytest.warns(UserWarning, match=r"group latent 'z' has 8 groups .* S = 40 rows, about 5 rows of each "
                                          r"group.*subsample_size to at least 80"):
-        SGWithinGibbs(ConstantSGD(centred, subsample_size=40)).init(jax.random.key(0), 10, None, data, {})
+        SGWithinGibbs(ConstantSGD(centred, subsample_size=40)).init(jax.random.key(0), 0, None, data, {})
     x = jnp.asarray(np.random.default_rng(1).normal(size=(1000, 4)))
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        SGWithinGibbs(ConstantSGD(centred)).init(jax.random.key(0), 10, None, data, {})
-        SGWithinGibbs(ConstantSGD(horseshoe, subsample_size=20)).init(jax.random.key(0), 10, None,
+        SGWithinGibbs(ConstantSGD(centred)).init(jax.random.key(0), 0, None, data, {})
+        SGWithinGibbs(ConstantSGD(horseshoe, subsample_size=20)).init(jax.random.key(0), 0, None,
                                                                        (x, jnp.zeros(1000)), {})
     assert not [w for w in record if "rows of each group" in str(w.message)]
 
@@ -335,7 +340,7 @@ def test_groups_with_no_rows_or_few_rows_are_named_at_init():
     kernel = SGWithinGibbs(ConstantSGD(model))
     with pytest.warns(UserWarning, match=r"group latent 'z': z\[7\] has no row in the data.*; z\[6\] has fewer than "
                                          r"10 rows per minibatch of S = 200 \(fewest: z\[6\], 3\).*at least 667"):
-        kernel.init(jax.random.key(0), 10, None, (jnp.asarray(g), jnp.asarray(y)), {})
+        kernel.init(jax.random.key(0), 0, None, (jnp.asarray(g), jnp.asarray(y)), {})
     # check_run's advice for this kernel names the group-size cause, as init found it ...
     from numpyro_sgd.diagnostics import _gibbs_hint
 
@@ -343,5 +348,5 @@ def test_groups_with_no_rows_or_few_rows_are_named_at_init():
         _gibbs_hint(kernel)
     # ... and only where it applies: with every group well represented it names the data's scale only
     balanced = SGWithinGibbs(ConstantSGD(model))
-    balanced.init(jax.random.key(0), 10, None, (jnp.asarray(np.arange(n) % groups), jnp.asarray(y)), {})
+    balanced.init(jax.random.key(0), 0, None, (jnp.asarray(np.arange(n) % groups), jnp.asarray(y)), {})
     assert balanced.group_warning is None and "too few rows" not in _gibbs_hint(balanced)
