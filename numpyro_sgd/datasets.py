@@ -40,6 +40,7 @@ import numpy as np
 
 __all__ = [
     "DATA_ENV_VAR",
+    "shuffle_rows",
     "default_data_dir",
     "verify_sha256",
     "read_idx",
@@ -412,6 +413,41 @@ def unit_length_columns(X):
             "rescaled; drop them first."
         )
     return X / norms
+
+
+# ---------------------------------------------------------------------------- row order
+def shuffle_rows(*arrays, seed=0, chunk_rows=1 << 16):
+    """The arrays with their rows in one common random order (one new copy of each).
+
+    The kernels' default minibatch law at large N reads clusters of consecutive rows
+    (:func:`~numpyro_sgd.potential.cluster_indices`); its noise is that of random rows only when
+    the rows are in random order, and a kernel that finds them ordered (sorted by the response, a
+    time stamp, a group) warns and draws random rows instead. Shuffle once, before the run::
+
+        X, y = shuffle_rows(X, y, seed=0)
+
+    :param arrays: arrays (NumPy, memory-mapped or JAX) with the same number of rows N.
+    :param int seed: seed of the permutation.
+    :param int chunk_rows: rows copied at a time from a memory-mapped source.
+    :return: a tuple of NumPy arrays (one array for one input).
+    """
+    if not arrays:
+        raise ValueError("shuffle_rows: pass at least one array.")
+    n = np.shape(arrays[0])[0] if np.ndim(arrays[0]) else None
+    if n is None or any(np.ndim(a) == 0 or np.shape(a)[0] != n for a in arrays):
+        raise ValueError(f"shuffle_rows: every array needs the same number of rows; got shapes "
+                         f"{[np.shape(a) for a in arrays]}.")
+    order = np.random.default_rng(seed).permutation(n)
+    out = []
+    for a in arrays:
+        if isinstance(a, np.memmap):  # read in sorted chunks of the target order (no N-sized temporary)
+            dest = np.empty(a.shape, a.dtype)
+            for start in range(0, n, chunk_rows):
+                dest[start:start + chunk_rows] = a[order[start:start + chunk_rows]]
+            out.append(dest)
+        else:
+            out.append(np.asarray(a)[order])
+    return out[0] if len(out) == 1 else tuple(out)
 
 
 # ---------------------------------------------------------------------------- one process's rows

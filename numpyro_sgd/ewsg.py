@@ -75,6 +75,7 @@ class _IndexChainKernel(SGKernel):
     noise warmup, and ``target_inflation`` and the warmup options are validated and passed on."""
 
     supports_mesh = False
+    supports_clusters = False
 
     def __init__(self, model, *, step_size, num_index_steps, underdamped, friction=None, x_estimate="zero",
                  default_steps=False, target_inflation=TARGET_INFLATION, preconditioner="auto", **kwargs):

@@ -35,6 +35,7 @@ __all__ = [
     "NOISE_ESTIMATORS",
     "NoiseState",
     "NoiseEstimator",
+    "cluster_rows",
     "noise_estimator",
     "discrete_time_correction",
     "kl_optimal_preconditioner",
@@ -101,13 +102,29 @@ def _outer(a, b, full):
     return a.T @ b if full else jnp.sum(a * b, axis=0)
 
 
-def noise_estimator(method, subsample_sizes, dim, full=False):
+def cluster_rows(per_example_grads, cluster_size):
+    """The S × D per-example gradients of a minibatch of S/B clusters of B consecutive rows
+    (:func:`~numpyro_sgd.potential.cluster_indices`) as S/B rows u_k = Σ_{i∈k} g_i / √B.
+
+    Under the cluster law the minibatch gradient is (1/S) Σ_k √B u_k (times N/S's scale), so
+    its noise covariance is Cov[u]/S: the covariance of these rows is what the estimators
+    average, exactly as they average single rows' under random rows (B = 1 returns the rows)."""
+    if cluster_size == 1:
+        return per_example_grads
+    size, dim = per_example_grads.shape
+    return per_example_grads.reshape(size // cluster_size, cluster_size, dim).sum(axis=1) / np.sqrt(cluster_size)
+
+
+def noise_estimator(method, subsample_sizes, dim, full=False, cluster_sizes=None):
     """Build an estimator of the per-plate gradient noise Q_p (see the module docstring).
 
     :param str method: one of :data:`~numpyro_sgd.noise.NOISE_ESTIMATORS`.
     :param tuple subsample_sizes: S_p for every subsample plate.
     :param int dim: D.
     :param bool full: keep the full D × D matrix (else the diagonal only).
+    :param tuple cluster_sizes: B_p for every plate whose minibatches are clusters of B_p
+        consecutive rows (None: all 1, random rows). The estimators then average the S_p/B_p
+        cluster rows of :func:`cluster_rows`, whose covariance over S_p is the law's noise.
     :return: :class:`NoiseEstimator` ``(init(dtype) -> NoiseState,
         update(state, per_example_grads, active) -> NoiseState, final(state) -> tuple of Q_p)``.
     """
@@ -116,6 +133,7 @@ def noise_estimator(method, subsample_sizes, dim, full=False):
             f"unknown noise estimator {method!r}; choose one of {NOISE_ESTIMATORS}."
         )
     shape = (dim, dim) if full else (dim,)
+    clusters = (1,) * len(subsample_sizes) if cluster_sizes is None else tuple(cluster_sizes)
 
     def init(dtype=jnp.float32):
         zeros = tuple(jnp.zeros(dim, dtype) for _ in subsample_sizes)
@@ -125,7 +143,8 @@ def noise_estimator(method, subsample_sizes, dim, full=False):
     def update(state, per_example_grads, active=True):
         t = state.count + 1
         new_mean, new_second = [], []
-        for m, s2, g in zip(state.mean, state.second, per_example_grads):
+        for m, s2, g, b in zip(state.mean, state.second, per_example_grads, clusters):
+            g = cluster_rows(g, b)
             size = g.shape[0]
             if method == "pooled":
                 # Welford with a batch of S rows (Chan et al. parallel update)
@@ -153,9 +172,10 @@ def noise_estimator(method, subsample_sizes, dim, full=False):
 
     def final(state):
         out = []
-        for s2, size in zip(state.second, subsample_sizes):
+        for s2, size, b in zip(state.second, subsample_sizes, clusters):
             if method == "pooled":
-                cov = s2 / jnp.maximum(state.count * float(size) - 1.0, 1.0)  # float: no int32 overflow
+                rows = float(size // b)  # rows per update (cluster rows under the cluster law)
+                cov = s2 / jnp.maximum(state.count * rows - 1.0, 1.0)  # float: no int32 overflow
             else:
                 cov = s2
             out.append(cov / size)  # Q_p = Cov_n / S_p

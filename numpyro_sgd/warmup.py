@@ -186,14 +186,17 @@ def noise_warmup(potential, full, name, noise_estimator=None, adam_fraction=0.4,
         hand-over (``WarmupState.hessian``, D × D) for the sampler's end of warmup (ConstantSGD's
         relaxation time), so that no second Hessian program is compiled; needs ``warmup_newton``.
     """
+    # under the cluster law a minibatch of S rows holds S/B independent units (its clusters)
     sizes = tuple(p.subsample_size for p in potential.plates)
-    method = noise_estimator or ("minibatch" if min(sizes) >= 2 else "pooled")
-    if method in ("minibatch", "eq25") and min(sizes) < 2:
+    units = tuple(p.subsample_size // p.cluster_size for p in potential.plates)
+    method = noise_estimator or ("minibatch" if min(units) >= 2 else "pooled")
+    if method in ("minibatch", "eq25") and min(units) < 2:
         raise ValueError(
             f"{name}: noise_estimator={method!r} needs subsample_size >= 2 in every plate; "
             "use noise_estimator='pooled' or a larger subsample_size."
         )
-    estimator = make_noise_estimator(method, sizes, potential.dim, full=full)
+    estimator = make_noise_estimator(method, sizes, potential.dim, full=full,
+                                     cluster_sizes=tuple(p.cluster_size for p in potential.plates))
     refresh_every = warmup_refresh_every(potential.dim)
     # EMA of the second moment with a memory of 100 SG steps whatever the refresh interval
     ema = (0.99, 0.01) if refresh_every == 1 else (0.99**refresh_every, 1.0 - 0.99**refresh_every)

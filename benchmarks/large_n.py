@@ -1,0 +1,174 @@
+"""N = 10⁷ rows on this machine: the large-N workflow as the docs write it, timed, with the cost of
+a data pass against one NumPy read of the same array in the same process.
+
+What runs (one process, in this order)
+--------------------------------------
+1. The data: a simulated GLM of ``benchmark_scaling.py`` (float32, rows i.i.d., so in random
+   order), logistic with D = 50 or Poisson with D = 40 by default, and its Laplace reference
+   (float64 Newton over row chunks; see that script for why it is accurate at this N).
+2. The workflow of ``docs/workflow.md`` with its defaults: ``ConstantSGD(model,
+   preconditioner="full", subsample_size=S)``, ``MCMC(num_warmup=20, num_samples=A, num_chains=2,
+   chain_method="sequential", jit_model_args=True)``, one ``mcmc.run``. Reported: the seconds JAX
+   spends tracing, lowering and compiling (``CompileClock``), the rest of the wall split into warmup
+   and sampling by the data passes of each phase (``SGState.data_passes``; a sequential run
+   interleaves them per chain), the end-to-end wall, min bulk ESS and the largest mean and sd
+   errors against the Laplace reference, and the peak resident memory of the run (``VmHWM`` after a
+   reset) against the bytes of the data.
+3. The cost of one chain's data pass in sampling for the minibatch laws, each a short run
+   (``warmup_passes=2``, 3 draws of one pass, 2 chains vectorized) whose sampling call, minus its
+   compile seconds, is divided by its chain-passes; interleaved with ``X.sum(0)`` in NumPy (the
+   streaming read of the data) and the medians of ``--repeats`` rounds reported as ratios.
+
+    python benchmarks/large_n.py --likelihood logistic --d 50 --doc docs/results/large_n_logistic.md
+    python benchmarks/large_n.py --likelihood poisson --d 40 --doc docs/results/large_n_poisson.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import math
+import os
+import platform
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+from benchmark_scaling import accuracy, laplace, make_model, reset_cell_peak, simulate
+from benchmark_throughput import CompileClock, timed
+from numpyro.infer import MCMC
+
+from numpyro_sgd import ConstantSGD
+
+
+def vm_hwm_gib():
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 2**20
+    return float("nan")
+
+
+def workflow(model, data, s, num_samples, clock, key):
+    """The docs' large-N workflow, one ``mcmc.run``: times, passes and the MCMC object."""
+    kernel = ConstantSGD(model, preconditioner="full", subsample_size=s)
+    mcmc = MCMC(kernel, num_warmup=20, num_samples=num_samples, num_chains=2, chain_method="sequential",
+                jit_model_args=True, progress_bar=False)
+    reset = reset_cell_peak()
+    _, wall, comp, _ = timed(lambda: (mcmc.run(key, *data, subsample_size=s),
+                                      jax.block_until_ready((mcmc.get_samples(), mcmc.last_state))), clock)
+    peak = vm_hwm_gib() if reset else float("nan")
+    state = mcmc.last_state
+    total_passes = float(np.sum(np.asarray(state.data_passes)))
+    # warmup passes of each chain: 20 iterations of ⌈warmup_passes · N/S / 20⌉ steps
+    warm_steps = 20 * kernel.warmup_steps_per_iteration
+    warm_passes = 2 * warm_steps * s / data[0].shape[0]
+    run_s = wall - comp
+    rec = {"S": s, "cluster_size": kernel.potential.plates[0].cluster_size,
+           "steps_per_sample": int(np.max(np.asarray(state.kernel_state.steps_per_sample))),
+           "num_samples": num_samples, "wall_s": wall, "compile_s": comp,
+           "warmup_s": run_s * warm_passes / total_passes, "sampling_s": run_s * (1 - warm_passes / total_passes),
+           "warmup_passes": warm_passes, "sampling_passes": total_passes - warm_passes, "peak_gib": peak}
+    rec["s_per_chain_pass"] = rec["sampling_s"] / rec["sampling_passes"]
+    return mcmc, rec
+
+
+def pass_cost(model, data, s, cluster_size, clock, key):
+    """A short run's sampling seconds (compile excluded) per chain data pass, and its cluster size."""
+    n = data[0].shape[0]
+    kernel = ConstantSGD(model, preconditioner="full", subsample_size=s, cluster_size=cluster_size,
+                         warmup_passes=2, steps_per_sample=math.ceil(n / s))
+    mcmc = MCMC(kernel, num_warmup=2, num_samples=3, num_chains=2, chain_method="vectorized",
+                jit_model_args=True, progress_bar=False)
+    mcmc.warmup(key, *data, subsample_size=s)
+    jax.block_until_ready(mcmc.post_warmup_state)
+    before = float(np.sum(np.asarray(mcmc.post_warmup_state.data_passes)))
+    _, wall, comp, _ = timed(lambda: (mcmc.run(key, *data, subsample_size=s),
+                                      jax.block_until_ready(mcmc.last_state)), clock)
+    passes = float(np.sum(np.asarray(mcmc.last_state.data_passes))) - before
+    return (wall - comp) / passes, kernel.potential.plates[0].cluster_size
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n", type=int, default=10_000_000)
+    p.add_argument("--d", type=int, default=50)
+    p.add_argument("--likelihood", choices=("logistic", "poisson"), default="logistic")
+    p.add_argument("--s", type=int, default=10_000, help="subsample_size (the docs' CPU choice)")
+    p.add_argument("--num-samples", type=int, default=300, help="draws per chain (default 300)")
+    p.add_argument("--repeats", type=int, default=3, help="rounds of the pass-cost comparison")
+    p.add_argument("--laws", nargs="+", default=["auto", "1"],
+                   help="cluster sizes for the pass-cost comparison: 'auto' (the default law) or an int B")
+    p.add_argument("--skip-workflow", action="store_true")
+    p.add_argument("--doc", type=Path, help="write the results as Markdown here")
+    args = p.parse_args(argv)
+    lines = [f"# N = {args.n:,}: {args.likelihood} regression, D = {args.d}, on this machine", "",
+             f"- command: `python benchmarks/large_n.py {shlex.join(sys.argv[1:] if argv is None else argv)}`",
+             f"- machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, JAX backend "
+             f"{jax.default_backend()}; date {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
+             f"- versions: Python {platform.python_version()}, JAX {jax.__version__}", ""]
+
+    def say(text=""):
+        print(text, flush=True)
+        lines.append(text)
+
+    clock = CompileClock()
+    t = time.perf_counter()
+    X, y, _ = simulate(args.likelihood, args.n, args.d)
+    data_gib = (X.nbytes + y.nbytes) / 2**30
+    say(f"data: X {X.shape} float32 + y: {data_gib:.2f} GiB, simulated in {time.perf_counter() - t:.1f} s")
+    mean, cov, info = laplace(args.likelihood, X, y)
+    say(f"Laplace reference: {info['newton_iterations']} Newton steps, {info['seconds']:.1f} s")
+    reference = (mean, cov)
+    model = make_model(args.likelihood)
+    data = (jax.device_put(X), jax.device_put(y))  # on the device once; the NumPy copies are dropped
+    jax.block_until_ready(data)
+    del X, y
+    gc.collect()
+    X = np.asarray(data[0])  # the same buffer, read by NumPy (no copy on CPU)
+    say()
+    if not args.skip_workflow:
+        mcmc, rec = workflow(model, data, args.s, args.num_samples, clock, jax.random.key(0))
+        acc = accuracy(mcmc, "ConstantSGD-full", reference, rec["wall_s"], rec["warmup_passes"] + rec["sampling_passes"])
+        say("## The workflow (defaults, 2 chains, sequential)")
+        say()
+        say("| S | B | steps per draw | draws per chain | compile s | warmup s | sampling s | end to end s | "
+            "s per chain-pass | min bulk ESS | max mean err (sd) | max sd err | peak GiB / data GiB |")
+        say("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        say(f"| {rec['S']:,} | {rec['cluster_size']} | {rec['steps_per_sample']} | {rec['num_samples']} | "
+            f"{rec['compile_s']:.1f} | {rec['warmup_s']:.1f} | {rec['sampling_s']:.1f} | {rec['wall_s']:.1f} | "
+            f"{rec['s_per_chain_pass']:.3f} | {acc['min_ess_bulk']:.0f} | {acc['max_mean_err_sd']:.3f} | "
+            f"{acc['max_sd_rel_err']:.3f} | {rec['peak_gib']:.2f} / {data_gib:.2f} = "
+            f"{rec['peak_gib'] / data_gib:.2f}× |")
+        say()
+        del mcmc
+    laws = [None if law == "auto" else int(law) for law in args.laws]
+    times = {"numpy X.sum(0)": []}
+    names = {}
+    for r in range(args.repeats):
+        t = time.perf_counter()
+        X.sum(0)
+        times["numpy X.sum(0)"].append(time.perf_counter() - t)
+        for law in laws:
+            cost, b = pass_cost(model, data, args.s, law, clock, jax.random.key(r + 1))
+            name = names.setdefault(law, f"kernel, {'default law' if law is None else 'cluster_size=' + str(law)} "
+                                         f"(B = {b})")
+            times.setdefault(name, []).append(cost)
+    base = float(np.median(times["numpy X.sum(0)"]))
+    say(f"## Cost of one chain's data pass in sampling (median of {args.repeats} interleaved rounds)")
+    say()
+    say("| what | s per pass | / NumPy read |")
+    say("|---|---|---|")
+    for name, v in times.items():
+        say(f"| {name} | {np.median(v):.3f} | {np.median(v) / base:.2f}× |")
+    if args.doc:
+        args.doc.parent.mkdir(parents=True, exist_ok=True)
+        args.doc.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
