@@ -64,6 +64,7 @@ from .checks import (  # noqa: F401 - the constants are re-exported
     warn_short_run,
 )
 from .potential import (
+    MIN_STEPS_PER_PASS,
     SUBSAMPLE_METHODS,
     AllRows,
     MinibatchOracle,
@@ -258,7 +259,10 @@ class SGKernel(MCMCKernel):
     :param init_strategy: NumPyro init strategy for the unconstrained initial values.
     :param subsample_size: minibatch size S to use instead of the one the model's plate declares
         (an int for every subsample plate, or ``{plate name: S}``); the N/S scaling follows. Lets
-        you pick the throughput-optimal S without editing the model (see the README).
+        you pick the throughput-optimal S without editing the model (see the README). ``"auto"``:
+        the kernel picks S from N and the backend (:func:`~numpyro_sgd.potential.choose_subsample_size`:
+        10⁴ on a CPU, 10⁵ on a GPU, at most N/10; N/100 for IASG); it does so too for a model whose
+        data plate declares no subsample_size (NumPyro's one model for NUTS and SG).
     :param mesh: a ``jax.sharding.Mesh`` over which the data rows are split (``None``: one device).
         Each device then draws its S/k minibatch rows among its own N/k rows and the step
         all-reduces one D-vector (:mod:`numpyro_sgd.sharding`); pass the data sharded along
@@ -280,6 +284,8 @@ class SGKernel(MCMCKernel):
     supports_mesh = True
     #: whether the cluster law is supported (False for kernels that draw indices by their own rule)
     supports_clusters = True
+    #: fewest SG steps per data pass when the kernel picks S (``subsample_size="auto"``)
+    min_steps_per_pass = MIN_STEPS_PER_PASS
 
     def __init__(self, model, *, steps_per_sample=None, subsample="with_replacement",
                  warmup_subsample=None, init_strategy=init_to_uniform, subsample_size=None, warmup_passes=None,
@@ -311,7 +317,7 @@ class SGKernel(MCMCKernel):
         self._subsample = subsample
         self._warmup_subsample = warmup_subsample
         self._init_strategy = init_strategy
-        if subsample_size is not None:
+        if subsample_size is not None and not (isinstance(subsample_size, str) and subsample_size == "auto"):
             sizes = subsample_size if isinstance(subsample_size, dict) else {None: subsample_size}
             what = "an integer >= 1 or a dict {plate name: integer}"
             sizes = {k: check_int(name, "subsample_size", v, what=what) for k, v in sizes.items()}
@@ -495,6 +501,7 @@ class SGKernel(MCMCKernel):
         self._potential = SubsampledPotential.from_model(
             self._model, model_args, model_kwargs, rng_key=rng_key,
             init_strategy=self._init_strategy, kernel_name=type(self).__name__, subsample_size=self._subsample_size,
+            min_steps_per_pass=self.min_steps_per_pass,
         )
         if self._mesh is None and self.supports_clusters and self._subsample == "with_replacement":
             # the minibatch law, decided once per data (arrays by identity) and plates

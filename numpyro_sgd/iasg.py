@@ -352,6 +352,9 @@ class IASG(SGKernel):
         (True, 1010.0)
     """
 
+    #: with ``subsample_size="auto"``, S ≤ N/100: a window of at least 100 steps per data pass
+    min_steps_per_pass = 100
+
     def __init__(self, model, *, step_size=None, window=None, preconditioner="auto", window_error=0.05,
                  check_validity=True, noise_estimator=None, adam_fraction=0.4, noise_window=0.4, adam_lr=(0.1, 1e-3),
                  warmup_max_step=1.0, warmup_newton=True, **kwargs):

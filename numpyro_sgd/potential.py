@@ -42,7 +42,8 @@ from .validation import check_model_args, check_param_values
 
 __all__ = ["PlateInfo", "SubsampledPotential", "MinibatchOracle", "SUBSAMPLE_METHODS", "uniform_indices",
            "cluster_indices", "choose_cluster_size", "order_design_effect", "CLUSTER_MIN_DATA_BYTES",
-           "CLUSTER_BYTES", "CLUSTER_MAX_SPREAD", "MIN_CLUSTERS", "ORDERED_DESIGN_EFFECT", "resolve_cluster_sizes"]
+           "CLUSTER_BYTES", "CLUSTER_MAX_SPREAD", "MIN_CLUSTERS", "ORDERED_DESIGN_EFFECT", "resolve_cluster_sizes",
+           "choose_subsample_size", "MAX_AUTO_SUBSAMPLE", "MIN_STEPS_PER_PASS"]
 
 #: How minibatch indices are drawn. ``"with_replacement"`` (default) draws S i.i.d. uniform
 #: indices; ``"without_replacement"`` draws a fresh uniformly random S-subset every step;
@@ -123,6 +124,28 @@ def cluster_indices(rng_key, size, n, cluster_size, stream=0):
     return lax.optimization_barrier(rows.reshape(-1))
 
 
+#: the largest minibatch :func:`choose_subsample_size` picks, by JAX backend: on a CPU a data pass
+#: costs least near S = 10⁴ (larger minibatches fall out of the cache between the gather and the
+#: gradient: 2.8× a NumPy read per pass at S = 5·10⁴ against 1.4–2× at 10⁴, N = 10⁷, D = 50); on a
+#: GPU a step is latency-bound, and S = 10⁵ is the cheaper pass at N = 10⁷
+MAX_AUTO_SUBSAMPLE = {"cpu": 10_000, "default": 100_000}
+#: fewest SG steps per data pass :func:`choose_subsample_size` allows: the KL-optimal chain relaxes
+#: in about one pass, so a pass of ≥ 10 steps keeps its dynamics a discretised diffusion, and the
+#: discrete-time correction's S/N stays ≤ 0.1
+MIN_STEPS_PER_PASS = 10
+
+
+def choose_subsample_size(num_data, backend=None, min_steps_per_pass=MIN_STEPS_PER_PASS):
+    """The minibatch size S a kernel picks when the user leaves it to the kernel
+    (``subsample_size="auto"``, or a model whose data plate declares none and a kernel given none):
+    S = min(:data:`MAX_AUTO_SUBSAMPLE` of the backend, ⌊N / min_steps_per_pass⌋), at least 1.
+    On a CPU that is S = 10⁴ from N = 10⁵ up; on a GPU 10⁵ from N = 10⁶ up. IASG asks for ≥ 100
+    steps per pass (its window)."""
+    backend = jax.default_backend() if backend is None else backend
+    cap = MAX_AUTO_SUBSAMPLE.get(backend, MAX_AUTO_SUBSAMPLE["default"])
+    return int(max(1, min(cap, num_data // min_steps_per_pass)))
+
+
 #: data smaller than this (bytes of the arrays the plate indexes) keep random rows: they stay in
 #: the CPU's caches, where a random row costs about what a contiguous one does
 CLUSTER_MIN_DATA_BYTES = 64 * 2 ** 20
@@ -158,7 +181,7 @@ def choose_cluster_size(num_data, subsample_size, dim, row_bytes):
     return max(b for b in range(1, bound + 1) if subsample_size % b == 0)
 
 
-def order_design_effect(arrays, num_data, cluster_size, num_clusters=2000, seed=0):
+def order_design_effect(arrays, num_data, cluster_size, num_clusters=1000, seed=0):
     """How much more the means of clusters of ``cluster_size`` consecutive rows vary than means
     of as many random rows would: max over the columns of ``arrays`` (those with N rows) of
     B · Var_k(cluster mean) / Var(row), on ``num_clusters`` clusters at random offsets (read on the
@@ -526,12 +549,15 @@ class SubsampledPotential:
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_model(cls, model, model_args=(), model_kwargs=None, *, rng_key=None,
-                   init_strategy=init_to_uniform, kernel_name="numpyro_sgd", subsample_size=None):
+                   init_strategy=init_to_uniform, kernel_name="numpyro_sgd", subsample_size=None,
+                   min_steps_per_pass=MIN_STEPS_PER_PASS):
         """Trace ``model`` once, discover its subsample plates and sites, and validate it.
 
         ``subsample_size`` (an int for every subsample plate, or ``{plate name: S}``) replaces the
         minibatch size the model declares; NumPyro's plate then scales by N/S of the indices the
-        kernel substitutes, so the potential stays unbiased.
+        kernel substitutes, so the potential stays unbiased. ``"auto"``, or None for a model none
+        of whose plates subsamples, gives each plate :func:`choose_subsample_size` of its N
+        (``min_steps_per_pass``: the kernel's fewest SG steps per data pass).
         """
         model_kwargs = {} if model_kwargs is None else model_kwargs
         check_model_args(kernel_name, model_args, model_kwargs)
@@ -541,10 +567,25 @@ class SubsampledPotential:
         rng_key = random.key(0) if rng_key is None else rng_key
         promote = {}
         tr, finder = _discover(model, model_args, model_kwargs, rng_key, init_strategy, kernel_name)
+
+        def auto(n):
+            return choose_subsample_size(n, min_steps_per_pass=min_steps_per_pass)
+
+        if subsample_size is None and not finder.found and not finder.declared_full and finder.full_plates:
+            # the NumPyro one-model pattern with no S anywhere: the kernel picks S for the one plate
+            # holding observed sites (if there is no such plate, the error below names the fix)
+            try:
+                _plates_to_promote(tr, finder.full_plates, "auto", kernel_name)
+                subsample_size = "auto"
+            except ValueError:
+                pass
+        if subsample_size == "auto" and finder.found:
+            subsample_size = {name: min(auto(p.size), p.size - 1) for name, p in finder.found.items()}
         if not finder.found and subsample_size is not None:
             # the model's plates do not subsample (NumPyro's `subsample_size=None` pattern, one
             # model for NUTS and SG): the kernel's subsample_size says which plate to subsample
             promote = _plates_to_promote(tr, finder.full_plates, subsample_size, kernel_name)
+            promote = {k: (auto(finder.full_plates[k]) if v == "auto" else v) for k, v in promote.items()}
             try:
                 tr, finder = _discover(model, model_args, model_kwargs, rng_key, init_strategy, kernel_name, promote)
             except ValueError as e:
@@ -554,7 +595,8 @@ class SubsampledPotential:
                     "subsample_size=subsample_size) as idx: ... X[idx] ... obs=y[idx]`, so that a minibatch "
                     "can be substituted."
                 ) from e
-        plates = _override_subsample_sizes(tuple(finder.found.values()), subsample_size, kernel_name)
+        plates = _override_subsample_sizes(tuple(finder.found.values()),
+                                           None if subsample_size == "auto" else subsample_size, kernel_name)
         if not plates and finder.declared_full and finder.declared_full[0] in promote:
             name = finder.declared_full[0]
             raise ValueError(

@@ -1,5 +1,6 @@
-"""The cluster minibatch law (numpyro_sgd.potential.cluster_indices): its law, its size rule, its
-noise estimate, the ordered-data check, and the stationary law of ConstantSGD under it."""
+"""The minibatch law at large N: the cluster law (numpyro_sgd.potential.cluster_indices), its size
+rule, its noise estimate, the ordered-data check and the stationary law of ConstantSGD under it;
+and the minibatch size S the kernel picks (choose_subsample_size)."""
 
 import warnings
 
@@ -13,12 +14,13 @@ from jax import random
 from numpyro.infer import MCMC
 
 import numpyro_sgd.potential as potential_module
-from numpyro_sgd import EWSG, ConstantSGD
+from numpyro_sgd import EWSG, IASG, ConstantSGD
 from numpyro_sgd.datasets import shuffle_rows
 from numpyro_sgd.noise import cluster_rows, noise_estimator
 from numpyro_sgd.potential import (
     SubsampledPotential,
     choose_cluster_size,
+    choose_subsample_size,
     cluster_indices,
     order_design_effect,
     resolve_cluster_sizes,
@@ -166,3 +168,36 @@ def test_cluster_law_stationary_covariance_matches_the_posterior(ordered):
     sd_err = np.abs(w.reshape(-1, 3).std(0) / sd - 1)
     assert np.all(mean_err < 4 / np.sqrt(ess)), (mean_err, ess)
     assert np.all(sd_err < law + 4 / np.sqrt(2 * ess)), (sd_err, ess)
+
+
+def test_subsample_size_rule():
+    assert choose_subsample_size(10_000_000, "cpu") == 10_000
+    assert choose_subsample_size(10_000_000, "gpu") == 100_000
+    assert choose_subsample_size(1_000_000, "gpu") == 100_000
+    assert choose_subsample_size(50_000, "cpu") == 5_000  # at least 10 steps per pass
+    assert choose_subsample_size(50_000, "cpu", min_steps_per_pass=100) == 500
+    assert choose_subsample_size(5, "cpu") == 1
+
+
+def _one_model(X, y=None, subsample_size=None):
+    w = numpyro.sample("w", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0], subsample_size=subsample_size) as idx:
+        numpyro.sample("y", dist.Normal(X[idx] @ w, 1.0), obs=y[idx])
+
+
+def test_the_kernel_picks_s_when_left_to_it():
+    X, y, _, _ = _regression(n=50_000)
+    s = choose_subsample_size(50_000)
+    # NumPyro's one model for NUTS and SG, no S anywhere: the kernel picks it for the observed plate
+    for kernel, expected in [(ConstantSGD(_one_model), s),
+                             (IASG(_one_model), choose_subsample_size(50_000, min_steps_per_pass=100)),
+                             (ConstantSGD(_one_model, subsample_size="auto"), s)]:
+        kernel.init(random.key(0), 0, model_args=(X, y))
+        assert kernel.potential.plates[0].subsample_size == expected
+    # "auto" replaces an S the model declares; an int still wins
+    kernel = ConstantSGD(_one_model, subsample_size="auto")
+    kernel.init(random.key(0), 0, model_args=(X, y), model_kwargs={"subsample_size": 100})
+    assert kernel.potential.plates[0].subsample_size == s
+    kernel = ConstantSGD(_one_model, subsample_size=300)
+    kernel.init(random.key(0), 0, model_args=(X, y))
+    assert kernel.potential.plates[0].subsample_size == 300
