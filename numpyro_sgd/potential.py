@@ -227,7 +227,7 @@ def resolve_cluster_sizes(potential, model_args, model_kwargs, requested=None, k
                     f"S = {p.subsample_size} and leave at least 2 clusters; use one of "
                     f"{divisors[-8:]} (or cluster_size=1 for random rows).")
         else:
-            row_bytes = sum(np.dtype(np.result_type(a)).itemsize * int(np.prod(np.shape(a)[1:])) for a in mine)
+            row_bytes = sum(np.dtype(a.dtype).itemsize * int(np.prod(np.shape(a)[1:])) for a in mine)
             traced = any(_is_traced(a) for a in mine)  # under pmap: the order cannot be checked
             b = choose_cluster_size(p.size, p.subsample_size, potential.dim, row_bytes if mine and not traced else None)
         if b > 1 and mine and not any(_is_traced(a) for a in mine):
@@ -567,6 +567,7 @@ class SubsampledPotential:
         rng_key = random.key(0) if rng_key is None else rng_key
         promote = {}
         tr, finder = _discover(model, model_args, model_kwargs, rng_key, init_strategy, kernel_name)
+        implicit = None
 
         def auto(n):
             return choose_subsample_size(n, min_steps_per_pass=min_steps_per_pass)
@@ -576,7 +577,7 @@ class SubsampledPotential:
             # holding observed sites (if there is no such plate, the error below names the fix)
             try:
                 _plates_to_promote(tr, finder.full_plates, "auto", kernel_name)
-                subsample_size = "auto"
+                implicit = subsample_size = "auto"
             except ValueError:
                 pass
         if subsample_size == "auto" and finder.found:
@@ -586,15 +587,20 @@ class SubsampledPotential:
             # model for NUTS and SG): the kernel's subsample_size says which plate to subsample
             promote = _plates_to_promote(tr, finder.full_plates, subsample_size, kernel_name)
             promote = {k: (auto(finder.full_plates[k]) if v == "auto" else v) for k, v in promote.items()}
+            fix = ("Index the data with the plate's indices, `with numpyro.plate(name, N, subsample_size="
+                   "subsample_size) as idx: ... X[idx] ... obs=y[idx]`, so that a minibatch can be substituted.")
             try:
-                tr, finder = _discover(model, model_args, model_kwargs, rng_key, init_strategy, kernel_name, promote)
+                promoted = _discover(model, model_args, model_kwargs, rng_key, init_strategy, kernel_name, promote)
+                unindexed = _unindexed_observations(promoted[0], promote, finder.full_plates)
+                if unindexed:
+                    raise ValueError(f"observed site(s) {unindexed} keep all N rows of the plate")
             except ValueError as e:
-                raise ValueError(
-                    f"{kernel_name}: subsampling plate(s) {sorted(promote)} (declared without subsample_size) "
-                    f"failed: {e}. Index the data with the plate's indices, `with numpyro.plate(name, N, "
-                    "subsample_size=subsample_size) as idx: ... X[idx] ... obs=y[idx]`, so that a minibatch "
-                    "can be substituted."
-                ) from e
+                if not implicit:
+                    raise ValueError(f"{kernel_name}: subsampling plate(s) {sorted(promote)} (declared without "
+                                     f"subsample_size) failed: {e}. {fix}") from e
+                promote = {}  # the kernel's own choice of S: the model is not written for it (error below)
+            else:
+                tr, finder = promoted
         plates = _override_subsample_sizes(tuple(finder.found.values()),
                                            None if subsample_size == "auto" else subsample_size, kernel_name)
         if not plates and finder.declared_full and finder.declared_full[0] in promote:
@@ -990,6 +996,21 @@ def _discover(model, model_args, model_kwargs, rng_key, init_strategy, kernel_na
             "subsample_size=S) as idx: numpyro.sample('obs', dist.Normal(X[idx] @ w, sigma), obs=y[idx])` "
             "(or numpyro.subsample(y, event_dim=0))."
         ) from e
+
+
+def _unindexed_observations(trace, promote, full_plates):
+    """Observed sites in a promoted plate whose value still holds all N rows along the plate's
+    dimension (``obs=y`` instead of ``obs=y[idx]``): substituting a minibatch cannot work."""
+    out = []
+    for name, site in trace.items():
+        if site["type"] != "sample" or not site.get("is_observed"):
+            continue
+        for frame in site["cond_indep_stack"]:
+            shape = np.shape(site["value"])
+            if (frame.name in promote and len(shape) >= -frame.dim
+                    and shape[frame.dim] == full_plates[frame.name] != promote[frame.name]):
+                out.append(name)
+    return out
 
 
 def _plates_to_promote(trace, full_plates, subsample_size, kernel_name):

@@ -201,3 +201,14 @@ def test_the_kernel_picks_s_when_left_to_it():
     kernel = ConstantSGD(_one_model, subsample_size=300)
     kernel.init(random.key(0), 0, model_args=(X, y))
     assert kernel.potential.plates[0].subsample_size == 300
+
+
+def test_a_model_that_keeps_all_rows_is_named_when_s_is_given():
+    def unindexed(y):
+        mu = numpyro.sample("mu", dist.Normal(0, 1))
+        with numpyro.plate("data", y.shape[0]):
+            numpyro.sample("obs", dist.Normal(mu, 1), obs=y)
+
+    # before: "Model and guide shapes disagree at site 'obs'" from inside the first potential
+    with pytest.raises(ValueError, match=r"observed site\(s\) \['obs'\] keep all N rows.*obs=y\[idx\]"):
+        ConstantSGD(unindexed, subsample_size=50).init(random.key(0), 0, model_args=(jnp.zeros(2000),))
