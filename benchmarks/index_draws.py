@@ -1,12 +1,13 @@
 """Cost of one data pass of random-row minibatches against one NumPy read of the data.
 
-A hand-written jitted ``lax.scan`` of constant-SGD steps of a logistic regression (gather S random
+A hand-written jitted ``lax.scan`` of constant-SGD steps of a logistic regression (gather S
 rows, gradient, update) makes one pass of N/S steps, with the minibatch indices from
-``random.randint`` (threefry) or from ``numpyro_sgd.potential.uniform_indices`` (the package's
-counter-based hash); the baseline is NumPy's ``X.sum(0)`` of the same array in the same process.
-Medians of interleaved repeats::
+``random.randint`` (threefry), from ``numpyro_sgd.potential.uniform_indices`` (the package's
+counter-based hash), or as S/B clusters of B consecutive rows
+(``numpyro_sgd.potential.cluster_indices``, ``--clusters B ...``); the baseline is NumPy's
+``X.sum(0)`` of the same array in the same process. Medians of interleaved repeats::
 
-    python benchmarks/index_draws.py --n 10000000 --d 50 --s 10000
+    python benchmarks/index_draws.py --n 10000000 --d 50 --s 10000 --clusters 16 50 125 250
 """
 
 import argparse
@@ -17,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax, random
 
-from numpyro_sgd.potential import uniform_indices
+from numpyro_sgd.potential import cluster_indices, uniform_indices
 
 
 def data_pass(draw, n, s):
@@ -39,6 +40,7 @@ def main():
     ap.add_argument("--d", type=int, default=50)
     ap.add_argument("--s", type=int, default=10_000)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--clusters", type=int, nargs="*", default=[], help="cluster sizes B (each must divide S)")
     args = ap.parse_args()
     n, d, s = args.n, args.d, args.s
     rng = np.random.default_rng(0)
@@ -47,6 +49,8 @@ def main():
     X, y = jnp.asarray(Xn), jnp.asarray(yn)
     passes = {"random.randint (threefry)": data_pass(lambda k: random.randint(k, (s,), 0, n), n, s),
               "uniform_indices (hash)": data_pass(lambda k: uniform_indices(k, s, n), n, s)}
+    for b in args.clusters:
+        passes[f"cluster_indices B={b}"] = data_pass(lambda k, b=b: cluster_indices(k, s, n, b), n, s)
     w = jnp.zeros(d, jnp.float32)
     for run in passes.values():  # compile
         jax.block_until_ready(run(w, random.key(0), X, y))

@@ -168,8 +168,9 @@ def choose_cluster_size(num_data, subsample_size, dim, row_bytes):
 
     B = 1 when the data the plate indexes (N · ``row_bytes``) are below
     :data:`CLUSTER_MIN_DATA_BYTES` or the bound below is under 2; else the largest divisor of S
-    that is at most min(⌈:data:`CLUSTER_BYTES` / row_bytes⌉, ⌊:data:`CLUSTER_MAX_SPREAD`² · N / D⌋,
-    ⌊S / :data:`MIN_CLUSTERS`⌋). At N = 10⁷, D = 50, S = 10⁴ (204 bytes a row) that is B = 125.
+    that is at most the smallest of: the rows in :data:`CLUSTER_BYTES` (rounded up), the B with
+    √(D·B/N) at most :data:`CLUSTER_MAX_SPREAD`, and S over :data:`MIN_CLUSTERS`. At N = 10⁷,
+    D = 50, S = 10⁴ (204 bytes a row) that is B = 125.
     """
     if row_bytes is None or num_data * row_bytes < CLUSTER_MIN_DATA_BYTES:
         return 1
@@ -277,7 +278,8 @@ class PlateInfo(NamedTuple):
     size: int
     #: minibatch size S
     subsample_size: int
-    #: B: minibatches are S/B clusters of B consecutive rows (:func:`cluster_indices`); 1: random rows
+    #: B: minibatches are S/B clusters of B consecutive rows
+    #: (:func:`~numpyro_sgd.potential.cluster_indices`); 1: random rows
     cluster_size: int = 1
 
 
@@ -496,7 +498,7 @@ class SubsampledPotential:
 
     def with_cluster_sizes(self, sizes):
         """The same potential whose plates draw clusters of ``sizes[plate name]`` consecutive rows
-        (:func:`cluster_indices`; a plate not named keeps its cluster size)."""
+        (:func:`~numpyro_sgd.potential.cluster_indices`; a plate not named keeps its cluster size)."""
         plates = tuple(p._replace(cluster_size=int(sizes.get(p.name, p.cluster_size))) for p in self.plates)
         return self._replace(plates=plates)
 
@@ -556,7 +558,8 @@ class SubsampledPotential:
         ``subsample_size`` (an int for every subsample plate, or ``{plate name: S}``) replaces the
         minibatch size the model declares; NumPyro's plate then scales by N/S of the indices the
         kernel substitutes, so the potential stays unbiased. ``"auto"``, or None for a model none
-        of whose plates subsamples, gives each plate :func:`choose_subsample_size` of its N
+        of whose plates subsamples, gives each plate
+        :func:`~numpyro_sgd.potential.choose_subsample_size` of its N
         (``min_steps_per_pass``: the kernel's fewest SG steps per data pass).
         """
         model_kwargs = {} if model_kwargs is None else model_kwargs
