@@ -69,6 +69,7 @@ from .potential import (
     AllRows,
     MinibatchOracle,
     SubsampledPotential,
+    _is_tracer,
     _split_arrays,
     as_jax_args,
     resolve_cluster_sizes,
@@ -96,10 +97,6 @@ def pick_chain(state, chain=0):
     """The fields of a (possibly vectorized) :class:`SGState` or kernel state for one chain."""
     vectorized = jnp.ndim(state.i) > 0 if hasattr(state, "i") else False
     return jax.tree.map(lambda x: x[chain], state) if vectorized else state
-
-
-def _is_tracer(x):
-    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(x))
 
 
 def _python_scalars(model_args, model_kwargs):

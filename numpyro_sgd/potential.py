@@ -227,11 +227,11 @@ def resolve_cluster_sizes(potential, model_args, model_kwargs, requested=None, k
                     f"{kernel_name}: cluster_size={b} must divide plate '{p.name}'s subsample_size "
                     f"S = {p.subsample_size} and leave at least 2 clusters; use one of "
                     f"{divisors[-8:]} (or cluster_size=1 for random rows).")
-        else:
+        traced = _is_tracer(mine)  # under pmap: the order cannot be checked
+        if requested is None:
             row_bytes = sum(np.dtype(a.dtype).itemsize * int(np.prod(np.shape(a)[1:])) for a in mine)
-            traced = any(_is_traced(a) for a in mine)  # under pmap: the order cannot be checked
             b = choose_cluster_size(p.size, p.subsample_size, potential.dim, row_bytes if mine and not traced else None)
-        if b > 1 and mine and not any(_is_traced(a) for a in mine):
+        if b > 1 and mine and not traced:
             effect = order_design_effect(mine, p.size, b)
             if effect > ORDERED_DESIGN_EFFECT:
                 fallback = requested is None
@@ -251,8 +251,9 @@ def resolve_cluster_sizes(potential, model_args, model_kwargs, requested=None, k
     return sizes
 
 
-def _is_traced(x):
-    return isinstance(x, jax.core.Tracer)
+def _is_tracer(x):
+    """Whether any leaf of the pytree ``x`` is a JAX tracer (it is being traced: jit, pmap ...)."""
+    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(x))
 
 
 def _hashed_indices(rng_key, size, n, stream):
