@@ -46,7 +46,7 @@ from benchmark_scaling import accuracy, laplace, make_model, reset_cell_peak, si
 from benchmark_throughput import CompileClock, timed
 from numpyro.infer import MCMC
 
-from numpyro_sgd import ConstantSGD
+from numpyro_sgd import IASG, SGFS, ConstantSGD
 
 
 def vm_hwm_gib():
@@ -80,11 +80,23 @@ def workflow(model, data, s, num_samples, clock, key):
     return mcmc, rec
 
 
-def pass_cost(model, data, s, cluster_size, clock, key):
+#: the kernels whose data pass the comparison can time (``--kernels``): name → (class, options)
+PASS_KERNELS = {
+    "ConstantSGD-full": (ConstantSGD, dict(preconditioner="full")),
+    "SGFS-full": (SGFS, dict(preconditioner="full")),
+    "SGFS-full-offline": (SGFS, dict(preconditioner="full", online=False)),
+    "SGFS-diag": (SGFS, dict(preconditioner="diag")),
+    "IASG-full": (IASG, dict(preconditioner="full")),
+}
+
+
+def pass_cost(model, data, s, cluster_size, clock, key, kernel="ConstantSGD-full"):
     """A short one-chain run's sampling seconds (compile excluded) per data pass, and its cluster size."""
     n = data[0].shape[0]
-    kernel = ConstantSGD(model, preconditioner="full", subsample_size=s, cluster_size=cluster_size,
-                         warmup_passes=2, steps_per_sample=math.ceil(n / s))
+    cls, options = PASS_KERNELS[kernel]
+    # one draw per data pass (IASG: a window of N/S steps, its default)
+    steps = {} if cls is IASG else {"steps_per_sample": math.ceil(n / s)}
+    kernel = cls(model, **options, subsample_size=s, cluster_size=cluster_size, warmup_passes=2, **steps)
     mcmc = MCMC(kernel, num_warmup=2, num_samples=5, num_chains=1, jit_model_args=True, progress_bar=False)
     mcmc.warmup(key, *data, subsample_size=s)
     jax.block_until_ready(mcmc.post_warmup_state)
@@ -106,6 +118,8 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=3, help="rounds of the pass-cost comparison")
     p.add_argument("--laws", nargs="+", default=["auto", "1"],
                    help="cluster sizes for the pass-cost comparison: 'auto' (the default law) or an int B")
+    p.add_argument("--kernels", nargs="+", default=["ConstantSGD-full"], choices=list(PASS_KERNELS),
+                   help="kernels for the pass-cost comparison (each with every law of --laws)")
     p.add_argument("--skip-workflow", action="store_true")
     p.add_argument("--doc", type=Path, help="write the results as Markdown here")
     args = p.parse_args(argv)
@@ -147,11 +161,12 @@ def main(argv=None):
         t = time.perf_counter()
         X.sum(0)
         times["numpy X.sum(0)"].append(time.perf_counter() - t)
-        for law in laws:
-            cost, b = pass_cost(model, data, args.s, law, clock, jax.random.key(r + 1))
-            name = names.setdefault(law, f"kernel, {'default law' if law is None else 'cluster_size=' + str(law)} "
-                                         f"(B = {b})")
-            times.setdefault(name, []).append(cost)
+        for kern in args.kernels:
+            for law in laws:
+                cost, b = pass_cost(model, data, args.s, law, clock, jax.random.key(r + 1), kern)
+                name = names.setdefault((kern, law), f"{kern}, "
+                                        f"{'default law' if law is None else 'cluster_size=' + str(law)} (B = {b})")
+                times.setdefault(name, []).append(cost)
     base = float(np.median(times["numpy X.sum(0)"]))
     if not args.skip_workflow:
         say("## The workflow (defaults, 2 chains, sequential)")
@@ -169,10 +184,14 @@ def main(argv=None):
 
     say(f"## Cost of one chain's data pass in sampling (median of {args.repeats} interleaved rounds)")
     say()
-    say("| what | s per pass | / NumPy read |")
-    say("|---|---|---|")
+    say("| what | s per pass | / NumPy read | / ConstantSGD-full's pass (same law) |")
+    say("|---|---|---|---|")
     for name, v in times.items():
-        say(f"| {name} | {np.median(v):.3f} | {np.median(v) / base:.2f}× |")
+        same = [key for key, n in names.items() if n == name]
+        other = names.get(("ConstantSGD-full", same[0][1])) if same else None
+        ratio = np.median(v) / float(np.median(times[other])) if other else float("nan")
+        say(f"| {name} | {np.median(v):.3f} | {np.median(v) / base:.2f}× | "
+            + ("— |" if np.isnan(ratio) else f"{ratio:.2f}× |"))
     if args.doc:
         args.doc.parent.mkdir(parents=True, exist_ok=True)
         args.doc.write_text("\n".join(lines) + "\n")

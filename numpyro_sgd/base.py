@@ -329,9 +329,8 @@ class SGKernel(MCMCKernel):
         self._mesh, self._mesh_axis = mesh, mesh_axis
         if cluster_size is not None:
             check_int(name, "cluster_size", cluster_size, what="an integer >= 1 dividing subsample_size, or None")
-            if cluster_size > 1 and (mesh is not None or not self.supports_clusters or subsample != "with_replacement"):
-                why = ("mesh= draws each device's rows by its own rule" if mesh is not None else
-                       "this kernel draws its minibatch indices by its own rule" if not self.supports_clusters else
+            if cluster_size > 1 and (not self.supports_clusters or subsample != "with_replacement"):
+                why = ("this kernel draws its minibatch indices by its own rule" if not self.supports_clusters else
                        f"subsample={subsample!r} draws rows")
                 raise ValueError(f"{name}: cluster_size={cluster_size} is not supported here: {why}. "
                                  "Leave cluster_size out (random rows).")
@@ -500,12 +499,14 @@ class SGKernel(MCMCKernel):
             init_strategy=self._init_strategy, kernel_name=type(self).__name__, subsample_size=self._subsample_size,
             min_steps_per_pass=self.min_steps_per_pass,
         )
-        if self._mesh is None and self.supports_clusters and self._subsample == "with_replacement":
-            # the minibatch law, decided once per data (arrays by identity) and plates
+        if self.supports_clusters and self._subsample == "with_replacement":
+            # the minibatch law, decided once per data (arrays by identity) and plates; with mesh=
+            # each device draws its S/k rows as clusters among its own N/k
             key = (_split_arrays(model_args, model_kwargs)[2], self._potential.plates)
             if self._clusters_for is None or self._clusters_for[0] != key:
+                shards = 1 if self._mesh is None else self._mesh.shape[self._mesh_axis]
                 self._clusters_for = (key, resolve_cluster_sizes(self._potential, model_args, model_kwargs,
-                                                                 self._cluster_size, type(self).__name__))
+                                                                 self._cluster_size, type(self).__name__, shards))
             self._potential = self._potential.with_cluster_sizes(self._clusters_for[1])
         self._algorithm = alg = self._own_algorithm(self._potential)
         if alg.block.summarises and self._steps_per_sample_option is not None:

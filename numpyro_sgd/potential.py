@@ -208,29 +208,35 @@ def order_design_effect(arrays, num_data, cluster_size, num_clusters=1000, seed=
     return worst
 
 
-def resolve_cluster_sizes(potential, model_args, model_kwargs, requested=None, kernel_name="numpyro_sgd"):
+def resolve_cluster_sizes(potential, model_args, model_kwargs, requested=None, kernel_name="numpyro_sgd",
+                          shards=1):
     """``{plate: B}`` for the run: ``requested`` (an int for every plate, or ``{plate: B}``), else
     :func:`choose_cluster_size` from the arrays with N rows among the model arguments (their
     bytes per row). A chosen B > 1 falls back to 1 (random rows) with a warning when
     :func:`order_design_effect` finds the rows ordered; a requested one is kept, with the warning.
     A requested B must divide S and leave at least two clusters (ValueError naming the fix).
+    With ``shards`` = k devices (``mesh=``), each device draws S/k rows among its own N/k: B is
+    chosen for, and must divide, S/k.
     """
     arrays = _split_arrays(model_args, model_kwargs)[0]
     sizes = {}
     for p in potential.plates:
         mine = [a for a in arrays if np.ndim(a) >= 1 and np.shape(a)[0] == p.size]
+        per, where = p.subsample_size // shards, "" if shards == 1 else f" per device (S/{shards})"
         if requested is not None:
             b = requested.get(p.name, 1) if isinstance(requested, dict) else requested
-            if p.subsample_size % b or p.subsample_size // b < 2:
-                divisors = [d for d in range(1, p.subsample_size // 2 + 1) if p.subsample_size % d == 0]
+            if per % b or per // b < 2:
+                divisors = [d for d in range(1, per // 2 + 1) if per % d == 0]
                 raise ValueError(
-                    f"{kernel_name}: cluster_size={b} must divide plate '{p.name}'s subsample_size "
-                    f"S = {p.subsample_size} and leave at least 2 clusters; use one of "
+                    f"{kernel_name}: cluster_size={b} must divide plate '{p.name}'s subsample_size{where} "
+                    f"S = {per} and leave at least 2 clusters; use one of "
                     f"{divisors[-8:]} (or cluster_size=1 for random rows).")
-        traced = _is_tracer(mine)  # under pmap: the order cannot be checked
+        # under pmap (tracers), or rows held by other processes: the order cannot be read here
+        traced = _is_tracer(mine) or not all(getattr(a, "is_fully_addressable", True) for a in mine)
         if requested is None:
             row_bytes = sum(np.dtype(a.dtype).itemsize * int(np.prod(np.shape(a)[1:])) for a in mine)
-            b = choose_cluster_size(p.size, p.subsample_size, potential.dim, row_bytes if mine and not traced else None)
+            b = choose_cluster_size(p.size // shards, per, potential.dim,
+                                    row_bytes if mine and not _is_tracer(mine) else None)
         if b > 1 and mine and not traced:
             effect = order_design_effect(mine, p.size, b)
             if effect > ORDERED_DESIGN_EFFECT:

@@ -74,6 +74,12 @@ SCRIPT = textwrap.dedent(r"""
         with numpyro.plate("data", X.shape[0], subsample_size=s) as i:
             numpyro.sample("t", dist.Normal(X[i] @ w, 1.0), obs=t[i])
 
+    def kl_to_posterior(mcmc):
+        w = np.asarray(mcmc.get_samples()["w"], np.float64)
+        m_q, c_q = w.mean(0), np.cov(w.T)
+        return float(0.5 * (np.trace(np.linalg.solve(cov, c_q)) + (mean - m_q) @ np.linalg.solve(cov, mean - m_q)
+                            - d + np.linalg.slogdet(cov)[1] - np.linalg.slogdet(c_q)[1]))
+
     Xs, ts = (jax.device_put(a, NamedSharding(mesh, P("data"))) for a in (X, t))
     out["shard_rows"] = [int(x.data.shape[0]) for x in Xs.addressable_shards]
     kernels = (("ConstantSGD", lambda m: ConstantSGD(regression, preconditioner="full", mesh=m)),
@@ -83,11 +89,7 @@ SCRIPT = textwrap.dedent(r"""
             kernel = make(mesh if on_mesh else None)
             mcmc = MCMC(kernel, num_warmup=100, num_samples=150, progress_bar=False, jit_model_args=True)
             mcmc.run(jax.random.key(2), *((Xs, ts) if on_mesh else (X, t)))
-            w = np.asarray(mcmc.get_samples()["w"], np.float64)
-            m_q, c_q = w.mean(0), np.cov(w.T)
-            kl = 0.5 * (np.trace(np.linalg.solve(cov, c_q)) + (mean - m_q) @ np.linalg.solve(cov, mean - m_q)
-                        - d + np.linalg.slogdet(cov)[1] - np.linalg.slogdet(c_q)[1])
-            out[f"kl_{label}_{on_mesh}"] = float(kl)
+            out[f"kl_{label}_{on_mesh}"] = kl_to_posterior(mcmc)
             if on_mesh:
                 hlo = jax.jit(lambda st, a: kernel.sample(st, a, {})).lower(mcmc.last_state, (Xs, ts)).compile()
                 hlo = hlo.as_text()
@@ -95,6 +97,16 @@ SCRIPT = textwrap.dedent(r"""
                                        if any(op + "(" in l for op in ("all-reduce", "all-gather", "all-to-all",
                                                                        "collective-permute", "reduce-scatter"))]
                 out[f"hlo_rows_{label}"] = sorted(set(re.findall(r"f32\[(\d+),3\]", hlo)))
+
+    # the cluster law on a mesh: each device draws S/(2B) clusters of B = 5 consecutive rows of its own shard
+    from numpyro_sgd.sharding import DataParallelOracle
+    kernel = ConstantSGD(regression, preconditioner="full", mesh=mesh, cluster_size=5)
+    mcmc = MCMC(kernel, num_warmup=100, num_samples=150, progress_bar=False, jit_model_args=True)
+    mcmc.run(jax.random.key(5), Xs, ts)
+    out["kl_clusters"] = kl_to_posterior(mcmc)
+    out["cluster_size"] = kernel.potential.plates[0].cluster_size
+    oracle = DataParallelOracle(mesh, "data", kernel.potential, (Xs, ts))
+    out["cluster_rows"] = np.asarray(oracle.draw(jax.random.key(6))["data"]).tolist()
 
     # mesh= with Python scalars among the model arguments (a subsample_size, a float, a string): the
     # same draws as the model that closes over them, with and without jit_model_args
@@ -190,6 +202,22 @@ def test_data_parallel_gradients_on_two_devices(two_devices):
     assert out["kl_ConstantSGD_True"] < 0.1, out
     if out["full"]:
         assert out["kl_SGLD_True"] < 2 * out["kl_SGLD_False"] + 0.05, out
+
+
+def test_cluster_law_on_two_devices(two_devices):
+    """``mesh=`` with ``cluster_size=5`` (S = 20, so S/2 = 10 rows per device): each device's rows
+    are 2 clusters of 5 consecutive rows of its own shard (wrapping within it), and ConstantSGD-full
+    still reaches KL(q‖posterior) < 0.1 on the conjugate regression (its noise estimate is taken
+    over the cluster sums, with k − 1 more degrees of freedom spent on the shard means: measured
+    KL 0.016; 0.12 when the estimate ignored them)."""
+    out = two_devices
+    assert out["cluster_size"] == 5
+    rows = np.asarray(out["cluster_rows"]).reshape(2, 2, 5)  # device, cluster, row
+    for dev in range(2):
+        local = rows[dev] - 1_000 * dev
+        assert np.all((local >= 0) & (local < 1_000)), rows
+        assert np.all(np.diff(local, axis=1) % 1_000 == 1), rows
+    assert out["kl_clusters"] < 0.1, (out["kl_clusters"], out["kl_ConstantSGD_True"])
 
 
 def test_data_parallel_gradients_keep_python_scalar_arguments(two_devices):

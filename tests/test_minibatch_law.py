@@ -128,6 +128,11 @@ def test_cluster_size_errors_name_the_fix():
     X, y, _, _ = _regression(n=2000)
     with pytest.raises(ValueError, match=r"cluster_size=7 must divide .*S = 1000.*use one of"):
         MCMC(ConstantSGD(_model, cluster_size=7), num_warmup=0, num_samples=1).run(random.key(0), X, y)
+    # with mesh= over k devices each device draws S/k rows: B must divide S/k (checked before any compute)
+    pot = SubsampledPotential.from_model(_model, (X, y), {})
+    with pytest.raises(ValueError, match=r"cluster_size=200 must divide .*per device \(S/2\) S = 500"):
+        resolve_cluster_sizes(pot, (X, y), {}, requested=200, kernel_name="ConstantSGD", shards=2)
+    assert resolve_cluster_sizes(pot, (X, y), {}, requested=250, kernel_name="ConstantSGD", shards=2) == {"data": 250}
     with pytest.raises(ValueError, match="cluster_size=4 is not supported here: this kernel draws"):
         EWSG(_model, cluster_size=4)
     with pytest.raises(ValueError, match="subsample='without_replacement' draws rows"):
