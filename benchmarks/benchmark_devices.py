@@ -2,7 +2,7 @@
 (``mesh=``, forced host devices) and on 2 processes under ``jax.distributed`` (gloo, localhost).
 
 Bayesian logistic regression, N rows × D features (float32, simulated with a fixed seed),
-S = N/100, one chain, ``jit_model_args=True``. Each configuration runs in its own subprocess
+S = N/100 (or each of ``--s``), one chain, ``jit_model_args=True``. Each configuration runs in its own subprocess
 (``XLA_FLAGS`` must be set before JAX starts). It times ``MCMC.run`` with 20 warmup iterations and
 A draws (one data pass per draw): the time a user waits, compilation included. Then, from the
 post-warmup state, it compiles one loop of ``--passes`` calls of the kernel's ``sample`` (one
@@ -11,6 +11,7 @@ phase, free of compilation and warmup. Printed as a Markdown table.
 
     python benchmarks/benchmark_devices.py                       # N = 200,000, D = 10
     python benchmarks/benchmark_devices.py --n 1000000 --d 50 --passes 50
+    python benchmarks/benchmark_devices.py --n 1000000 --d 50 --s 1000 10000 100000 --modes 1dev 2proc
 """
 
 import argparse
@@ -26,7 +27,7 @@ WORKER = textwrap.dedent(r"""
     import json, sys, time
     mode, n, d, draws, port, process_id = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), \
         sys.argv[5], int(sys.argv[6])
-    passes = int(sys.argv[7])
+    passes, s = int(sys.argv[7]), int(sys.argv[8])
     import jax
     if mode == "2proc":
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -38,7 +39,6 @@ WORKER = textwrap.dedent(r"""
     from numpyro_sgd import ConstantSGD
     from numpyro_sgd.datasets import process_rows
 
-    s = n // 100
     rng = np.random.default_rng(0)
     X = (rng.normal(size=(n, d)) / np.sqrt(d)).astype(np.float32)
     y = (rng.uniform(size=n) < 1 / (1 + np.exp(-X @ rng.normal(size=d)))).astype(np.float32)
@@ -80,7 +80,7 @@ def _free_port():
         return sock.getsockname()[1]
 
 
-def run(mode, n, d, draws, passes):
+def run(mode, n, d, draws, passes, s):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env.pop("XLA_FLAGS", None)
     if mode == "2dev":
@@ -88,7 +88,7 @@ def run(mode, n, d, draws, passes):
     port = str(_free_port())
     count = 2 if mode == "2proc" else 1
     procs = [subprocess.Popen([sys.executable, "-c", WORKER, mode, str(n), str(d), str(draws), port, str(i),
-                               str(passes)],
+                               str(passes), str(s)],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(count)]
     outs = []
@@ -107,20 +107,25 @@ def main():
     parser.add_argument("--draws", type=int, default=100, help="A: draws of the user's run (one data pass each)")
     parser.add_argument("--passes", type=int, default=100, help="data passes of the timed sampling loop")
     parser.add_argument("--modes", nargs="+", default=["1dev", "2dev", "2proc"])
+    parser.add_argument("--s", type=int, nargs="+", default=None,
+                        help="subsample sizes S (in all; each process draws S/2 under mesh=), default N/100; "
+                             "several values find the S at which two processes beat one")
     args = parser.parse_args()
-    print(f"N = {args.n:,}, D = {args.d}, S = {args.n // 100:,}, {os.cpu_count()} CPUs, "
+    sizes = args.s or [args.n // 100]
+    print(f"N = {args.n:,}, D = {args.d}, S = {', '.join(f'{s:,}' for s in sizes)}, {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.2f}, {time.strftime('%Y-%m-%d')}\n")
-    print(f"| rows on | devices | wall, 20 warmup + {args.draws} draws (s) | s per data pass (sampling) | "
-          "speed vs 1 device |")
-    print("|---|---|---|---|---|")
-    base = None
-    for mode in args.modes:
-        out = run(mode, args.n, args.d, args.draws, args.passes)
-        base = out["per_pass"] if base is None else base
-        label = {"1dev": "1 device", "2dev": "2 devices, 1 process (mesh=)",
-                 "2proc": "2 processes, jax.distributed + gloo (mesh=)"}[mode]
-        print(f"| {label} | {out['devices']} | {out['user']:.1f} | {out['per_pass']:.4f} | "
-              f"{base / out['per_pass']:.2f}× |", flush=True)
+    print(f"| S | rows on | devices | wall, 20 warmup + {args.draws} draws (s) | s per data pass (sampling) | "
+          "ms per SG step | speed vs 1 device (same S) |")
+    print("|---|---|---|---|---|---|---|")
+    for s in sizes:
+        base = None
+        for mode in args.modes:
+            out = run(mode, args.n, args.d, args.draws, args.passes, s)
+            base = out["per_pass"] if base is None else base
+            label = {"1dev": "1 device", "2dev": "2 devices, 1 process (mesh=)",
+                     "2proc": "2 processes, jax.distributed + gloo (mesh=)"}[mode]
+            print(f"| {s:,} | {label} | {out['devices']} | {out['user']:.1f} | {out['per_pass']:.4f} | "
+                  f"{1e3 * out['per_pass'] * s / args.n:.3f} | {base / out['per_pass']:.2f}× |", flush=True)
 
 if __name__ == "__main__":
     main()
