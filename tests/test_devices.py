@@ -147,7 +147,8 @@ SCRIPT = textwrap.dedent(r"""
 
 def _run_script(mode):
     """SCRIPT in a subprocess with two forced host devices; what it printed."""
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, JAX_PLATFORMS="cpu",  # the suite's compiler options (conftest.py) kept
+               XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip())
     proc = subprocess.run([sys.executable, "-c", SCRIPT, mode], env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -195,7 +195,8 @@ PARALLEL = textwrap.dedent("""
 
 def test_parallel_chains_with_numpy_data():
     # before: TracerArrayConversionError from the model trace under pmap (indices are tracers there)
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, JAX_PLATFORMS="cpu",  # the suite's compiler options (conftest.py) kept
+               XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip())
     out = subprocess.run([sys.executable, "-c", PARALLEL], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split("\n")[-2] == "2 (2, 5)"
@@ -321,7 +322,8 @@ MESH_PARALLEL = textwrap.dedent("""
 
 def test_mesh_with_parallel_chains_is_refused_with_the_fix():
     # before: JAX's "Context mesh ... should match the mesh of sharding", pointing at the model's X[idx]
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, JAX_PLATFORMS="cpu",  # the suite's compiler options (conftest.py) kept
+               XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip())
     out = subprocess.run([sys.executable, "-c", MESH_PARALLEL], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "ValueError: ConstantSGD: mesh= splits the data rows" in out.stdout, out.stdout[-2000:]

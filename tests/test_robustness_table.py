@@ -157,7 +157,8 @@ MESH_SIZES = textwrap.dedent("""
 def test_mesh_over_devices_that_do_not_divide_n_or_s_is_refused():
     """Two host devices, forced in a subprocess (XLA_FLAGS must be set before JAX starts): N odd,
     then S odd, are refused naming both sizes and the fix; N and S even are accepted."""
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, JAX_PLATFORMS="cpu",  # the suite's compiler options (conftest.py) kept
+               XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip())
     out = subprocess.run([sys.executable, "-c", MESH_SIZES], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.strip().splitlines()
