@@ -504,7 +504,8 @@ class SGKernel(MCMCKernel):
             # each device draws its S/k rows as clusters among its own N/k
             key = (_split_arrays(model_args, model_kwargs)[2], self._potential.plates)
             if self._clusters_for is None or self._clusters_for[0] != key:
-                shards = 1 if self._mesh is None else self._mesh.shape[self._mesh_axis]
+                # (a mesh without the axis is refused by check_mesh, with its own message, later)
+                shards = 1 if self._mesh is None else dict(self._mesh.shape).get(self._mesh_axis, 1)
                 self._clusters_for = (key, resolve_cluster_sizes(self._potential, model_args, model_kwargs,
                                                                  self._cluster_size, type(self).__name__, shards))
             self._potential = self._potential.with_cluster_sizes(self._clusters_for[1])

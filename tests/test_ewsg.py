@@ -55,13 +55,18 @@ def _sgld_pair():
 
 @pytest.mark.parametrize("make_pair, num_chains", [(_sghmc_pair, 3), (_sgld_pair, 3)],
                          ids=["EWSG-SGHMC", "OverdampedEWSG-SGLD"])
-def test_zero_index_steps_is_the_uniform_sampler_bit_for_bit(make_pair, num_chains):
+def test_zero_index_steps_is_the_uniform_sampler(make_pair, num_chains):
+    """With no index steps EWSG is its uniform sampler: the same keys, gradients and updates, so
+    the same draws to float64 rounding. (Bit for bit with XLA's default compiler options; the
+    suite compiles without LLVM's optimisation passes (conftest.py), under which the two kernels'
+    different programs round differently in the last bit: 2e-14 relative, measured. Any difference
+    of the algorithm, a key used differently or another update, moves the draws by O(1) sds.)"""
     key = jax.random.key(7)
     ref_kernel, ewsg_kernel = make_pair()
     ref = _run(ref_kernel, key, Y, num_warmup=10, num_samples=20, num_chains=num_chains)
     ew = _run(ewsg_kernel, key, Y, num_warmup=10, num_samples=20, num_chains=num_chains)
-    np.testing.assert_array_equal(ew.get_samples()["mu"], ref.get_samples()["mu"])
-    np.testing.assert_array_equal(ew.last_state.potential_energy, ref.last_state.potential_energy)
+    np.testing.assert_allclose(ew.get_samples()["mu"], ref.get_samples()["mu"], rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(ew.last_state.potential_energy, ref.last_state.potential_energy, rtol=1e-12)
     np.testing.assert_array_equal(ew.last_state.num_grad_evals, ref.last_state.num_grad_evals)
     assert np.all(np.isnan(index_acceptance_rate(ew.last_state)))  # nothing proposed
 
