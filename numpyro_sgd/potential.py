@@ -232,11 +232,11 @@ def resolve_cluster_sizes(potential, model_args, model_kwargs, requested=None, k
                     f"S = {per} and leave at least 2 clusters; use one of "
                     f"{divisors[-8:]} (or cluster_size=1 for random rows).")
         # under pmap (tracers), or rows held by other processes: the order cannot be read here
-        traced = _is_tracer(mine) or not all(getattr(a, "is_fully_addressable", True) for a in mine)
+        tracers = _is_tracer(mine)
+        traced = tracers or not all(getattr(a, "is_fully_addressable", True) for a in mine)
         if requested is None:
             row_bytes = sum(np.dtype(a.dtype).itemsize * int(np.prod(np.shape(a)[1:])) for a in mine)
-            b = choose_cluster_size(p.size // shards, per, potential.dim,
-                                    row_bytes if mine and not _is_tracer(mine) else None)
+            b = choose_cluster_size(p.size // shards, per, potential.dim, row_bytes if mine and not tracers else None)
         if b > 1 and mine and not traced:
             effect = order_design_effect(mine, p.size, b)
             if effect > ORDERED_DESIGN_EFFECT:

@@ -159,8 +159,8 @@ class DataParallelOracle(MinibatchOracle):
         # their mean with K − 1 degrees of freedom; centred on each of the k shards' own means it
         # has K − k (k means are estimated). Scaling the deviations by √((K − 1)/(K − k)) makes
         # the estimate unbiased for the within-shard noise: without it, Q came out (K − k)/(K − 1)
-        # too small (measured: 2 clusters per device, sds 15–25 % too large; 10 random rows per
-        # device, about 5 % too small a Q).
+        # too small (measured, 2 devices, S = 20: sds 23–26 % too large with 2 clusters of 5 rows
+        # per device, 2–4 % with 10 random rows per device; docs/scaling.md).
         units = self.plate.subsample_size // self.plate.cluster_size
         inflate = (units - 1) / (units - self.shards) if units > self.shards else 1.0
 
