@@ -116,6 +116,9 @@ from numpyro.infer import MCMC, NUTS
 from numpyro_sgd import IASG, SGLD, robbins_monro
 from numpyro_sgd.theory import iasg_covariance, iterate_average_covariance, window_error
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from table1_kl import _positive_int  # noqa: E402  (the argparse type both benchmarks use)
+
 numpyro.enable_x64()
 # reruns skip most of the compilation (the cache folder is git-ignored)
 jax.config.update("jax_compilation_cache_dir", os.environ.get(
@@ -416,13 +419,6 @@ def verdict_lines(methods, budgets, table_budgets, iasg_name, others):
 
 
 # ---------------------------------------------------------------------------- CLI
-def _positive_int(text):
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--passes", type=_positive_int, help="data-pass budget of Fig. 4 (default 300; quick 40)")

@@ -28,7 +28,7 @@ from .noise import (
     resolve_preconditioner,
 )
 from .noise import discrete_time_correction as correction_factor
-from .validation import check_number, check_positive
+from .validation import check_choice, check_number, check_positive
 from .warmup import WarmupState, check_warmup_options, noise_warmup
 
 __all__ = ["ConstantSGD", "ConstantSGDState", "constant_sgd", "constant_sgd_step"]
@@ -256,10 +256,7 @@ class ConstantSGD(SGKernel):
     def __init__(self, model, *, preconditioner="auto", step_size=None, momentum=1.0,
                  discrete_time_correction=True, prior_noise=False, noise_estimator=None, adam_fraction=0.4,
                  noise_window=0.4, adam_lr=(0.1, 1e-3), warmup_max_step=1.0, warmup_newton=True, **kwargs):
-        if preconditioner not in PRECONDITIONERS + ("auto",):
-            raise ValueError(
-                f"ConstantSGD: unknown preconditioner {preconditioner!r}; choose one of {PRECONDITIONERS + ('auto',)}."
-            )
+        check_choice("ConstantSGD", "preconditioner", preconditioner, ("auto",) + PRECONDITIONERS)
         super().__init__(model, **kwargs)
         self._warmup_options = check_warmup_options(
             "ConstantSGD", noise_estimator, adam_fraction, noise_window, adam_lr, warmup_max_step, warmup_newton)

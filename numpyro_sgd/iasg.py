@@ -25,7 +25,7 @@ from numpyro.util import find_stack_level
 from .base import SampleBlock, SGAlgorithm, SGKernel, StepInfo, pick_chain
 from .noise import apply_preconditioner, fisher_curvature, regularized_cholesky, resolve_preconditioner
 from .theory import averaged_variance_shortfall, iasg_validity, iterate_average_covariance
-from .validation import check_int, check_number, check_positive
+from .validation import check_choice, check_int, check_number, check_positive
 from .warmup import WarmupState, check_warmup_options, noise_warmup
 
 __all__ = ["IASG", "IASGState", "ValidityWarning", "iasg", "default_step_product"]
@@ -360,8 +360,7 @@ class IASG(SGKernel):
                  warmup_max_step=1.0, warmup_newton=True, **kwargs):
         if "steps_per_sample" in kwargs:
             raise TypeError("IASG: steps_per_sample is the averaging window; pass window=T instead.")
-        if preconditioner not in IASG_PRECONDITIONERS:
-            raise ValueError(f"IASG: unknown preconditioner {preconditioner!r}; choose one of {IASG_PRECONDITIONERS}.")
+        check_choice("IASG", "preconditioner", preconditioner, IASG_PRECONDITIONERS)
         step_size = check_positive("IASG", "step_size", step_size, "a positive float or None (default rule)",
                                    allow_none=True)
         window = check_int("IASG", "window", window, allow_none=True,

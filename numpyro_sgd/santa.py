@@ -29,7 +29,7 @@ from jax.flatten_util import ravel_pytree
 from .base import SGAlgorithm, SGKernel, StepInfo, is_positive_scalar
 from .noise import TARGET_INFLATION, check_target_inflation, santa_step_size
 from .schedules import polynomial_annealing
-from .validation import check_int, check_number, check_positive
+from .validation import check_choice, check_int, check_number, check_positive
 from .warmup import check_langevin_preconditioner, pop_warmup_options, with_default_steps
 
 __all__ = ["Santa", "SantaKernelState", "SantaState", "santa", "santa_algorithm", "santa_init", "santa_step",
@@ -177,8 +177,7 @@ def _check_hyper(name, decay, damping, scheme):
                          "0.999.")
     if not is_positive_scalar(damping):
         raise ValueError(f"{name}: damping (λ in g = 1/√(λ + √v)) must be > 0, got {damping!r}; the paper uses 1e-8.")
-    if scheme not in SCHEMES:
-        raise ValueError(f"{name}: unknown scheme {scheme!r}; choose 'euler' (Alg. 6/7) or 'splitting' (Alg. 4/5).")
+    check_choice(name, "scheme", scheme, SCHEMES, hint="'euler': Alg. 6/7; 'splitting': Alg. 4/5")
 
 
 class SantaKernelState(NamedTuple):

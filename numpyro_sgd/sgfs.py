@@ -29,7 +29,7 @@ from .noise import (
     sgfs_direction,
     sgfs_preconditioner,
 )
-from .validation import check_int, check_positive
+from .validation import check_choice, check_int, check_positive
 from .warmup import WarmupState, WarmupSummary, check_warmup_options, noise_warmup
 
 __all__ = ["SGFS", "SGFSState", "sgfs", "sgfs_step"]
@@ -228,8 +228,7 @@ class SGFS(SGKernel):
     def __init__(self, model, *, preconditioner="auto", step_size=None, max_step=None, refresh_every=None,
                  online=True, noise_estimator=None, adam_fraction=0.4, noise_window=0.4, adam_lr=(0.1, 1e-3),
                  warmup_max_step=1.0, warmup_newton=True, **kwargs):
-        if preconditioner not in ("auto", "full", "diag"):
-            raise ValueError(f"SGFS: unknown preconditioner {preconditioner!r}; choose 'full', 'diag' or 'auto'.")
+        check_choice("SGFS", "preconditioner", preconditioner, ("auto", "full", "diag"))
         step_size = check_positive("SGFS", "step_size", step_size, "a positive float (Mandt's ε)", allow_none=True)
         max_step = check_positive("SGFS", "max_step", max_step, "a positive float (h_max) or None (no cap)",
                                   allow_none=True)

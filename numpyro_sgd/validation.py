@@ -15,12 +15,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["check_number", "check_positive", "check_int", "check_model_args", "check_init_params",
+__all__ = ["check_choice", "check_number", "check_positive", "check_int", "check_model_args", "check_init_params",
            "check_param_values"]
 
 
 def _describe(value):
     return f"{value!r} (a {type(value).__name__})"
+
+
+def check_choice(name, arg, value, choices, hint=""):
+    """``value`` if it is one of the strings ``choices``; else a ``ValueError`` naming ``arg``, what
+    was given and every choice (``hint``: what the choices mean, appended in parentheses)."""
+    if not (isinstance(value, str) and value in choices):
+        listed = ", ".join(repr(c) for c in choices[:-1]) + f" or {choices[-1]!r}" if len(choices) > 1 else repr(choices[0])
+        raise ValueError(f"{name}: unknown {arg} {value!r}; choose {listed}" + (f" ({hint})" if hint else "") + ".")
+    return value
 
 
 def check_number(name, arg, value, what="a number"):

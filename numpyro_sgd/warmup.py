@@ -64,7 +64,7 @@ from .noise import (
 from .noise import noise_estimator as make_noise_estimator
 from .potential import grad_and_hessian
 from .protocol import StepInfo
-from .validation import check_number
+from .validation import check_choice, check_number
 
 __all__ = ["WarmupState", "WarmupSummary", "NoiseWarmup", "noise_warmup", "WARMUP_DEFAULTS", "check_warmup_options",
            "warmup_refresh_every", "pop_warmup_options", "with_default_steps", "newton_decrement", "newton_to_mode",
@@ -154,8 +154,8 @@ def warmup_refresh_every(dim):
 def check_warmup_options(name, noise_estimator=None, adam_fraction=0.4, noise_window=0.4, adam_lr=(0.1, 1e-3),
                          warmup_max_step=1.0, warmup_newton=True):
     """Validate the warmup options in a kernel's ``__init__`` (before any compute); returns them as a dict."""
-    if noise_estimator is not None and noise_estimator not in NOISE_ESTIMATORS:
-        raise ValueError(f"{name}: unknown noise_estimator {noise_estimator!r}; choose one of {NOISE_ESTIMATORS}.")
+    if noise_estimator is not None:
+        check_choice(name, "noise_estimator", noise_estimator, NOISE_ESTIMATORS)
     adam_fraction, noise_window, warmup_max_step = (check_number(name, arg, value) for arg, value in (
         ("adam_fraction", adam_fraction), ("noise_window", noise_window), ("warmup_max_step", warmup_max_step)))
     if not (0 <= adam_fraction < 1 and 0 < noise_window <= 1 - adam_fraction):
@@ -417,9 +417,7 @@ LANGEVIN_PRECONDITIONERS = ("auto", "full", "diag", "scalar")
 def check_langevin_preconditioner(name, preconditioner, steps_given):
     """Validate a Langevin kernel's ``preconditioner``; return it, ``"scalar"`` when the user gave
     the steps (there is then no noise warmup whose curvature could precondition them)."""
-    if preconditioner not in LANGEVIN_PRECONDITIONERS:
-        raise ValueError(f"{name}: unknown preconditioner {preconditioner!r}; choose one of "
-                         f"{LANGEVIN_PRECONDITIONERS}.")
+    check_choice(name, "preconditioner", preconditioner, LANGEVIN_PRECONDITIONERS)
     if steps_given:
         if preconditioner in ("full", "diag"):
             raise ValueError(
