@@ -486,15 +486,19 @@ class OracleInBasis:
     indices). Only what the Langevin steps call is offered, so a step that needs more fails loudly
     instead of mixing coordinates."""
 
-    def __init__(self, oracle, basis):
-        self._oracle, self._basis = oracle, basis
+    def __init__(self, oracle, basis, at=None):
+        # at = (φ, θ): the step's starting point in both coordinates, so that a gradient there (the
+        # first of most steps) does not map φ back to θ again
+        self._oracle, self._basis, self._at = oracle, basis, at
 
     @property
     def batch_size(self):
         return self._oracle.batch_size
 
     def grad(self, rng_key, phi):
-        pe, grad, indices = self._oracle.grad(rng_key, apply_preconditioner(self._basis.scale, phi))
+        known = self._at is not None and phi is self._at[0]
+        theta = self._at[1] if known else apply_preconditioner(self._basis.scale, phi)
+        pe, grad, indices = self._oracle.grad(rng_key, theta)
         scale = self._basis.scale
         return pe, (scale.T @ grad if scale.ndim == 2 else scale * grad), indices
 
@@ -506,7 +510,7 @@ def step_in_basis(step):
     def wrapped(rng_key, i, theta, state, oracle):
         basis = state.basis
         phi = apply_preconditioner(basis.inverse, theta)
-        phi, state, info = step(rng_key, i, phi, state, OracleInBasis(oracle, basis))
+        phi, state, info = step(rng_key, i, phi, state, OracleInBasis(oracle, basis, at=(phi, theta)))
         return apply_preconditioner(basis.scale, phi), state, info
 
     return wrapped
