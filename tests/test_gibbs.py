@@ -350,3 +350,22 @@ def test_groups_with_no_rows_or_few_rows_are_named_at_init():
     balanced = SGWithinGibbs(ConstantSGD(model))
     balanced.init(jax.random.key(0), 0, None, (jnp.asarray(np.arange(n) % groups), jnp.asarray(y)), {})
     assert balanced.group_warning is None and "too few rows" not in _gibbs_hint(balanced)
+
+
+def test_a_second_init_on_the_same_data_reuses_the_structure(data, monkeypatch):
+    """The hyper sites and the per-group row counts (a gradient per row) are found once per data:
+    a second init with the same arrays reuses them and warns again; new arrays are scanned anew."""
+    import numpyro_sgd.gibbs as gibbs
+
+    scans = []
+    original = gibbs.rows_per_group
+    monkeypatch.setattr(gibbs, "rows_per_group", lambda *a, **kw: scans.append(1) or original(*a, **kw))
+    g, y = data
+    few = jnp.where(g == 7, 6, g).at[:40].set(7)  # group 7 keeps 40 rows: fewer than 10 per minibatch
+    kernel = SGWithinGibbs(ConstantSGD(centred))
+    for _ in range(2):
+        with pytest.warns(UserWarning, match=r"group latent 'z'.*z\[7\] has fewer than"):
+            kernel.init(jax.random.key(0), 0, None, (few, y), {})
+    assert len(scans) == 1 and kernel.hyper_sites == ("mu", "tau")
+    kernel.init(jax.random.key(0), 0, None, data, {})
+    assert len(scans) == 2 and kernel.group_warning is None
