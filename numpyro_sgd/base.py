@@ -335,7 +335,7 @@ class SGKernel(MCMCKernel):
                 raise ValueError(f"{name}: cluster_size={cluster_size} is not supported here: {why}. "
                                  "Leave cluster_size out (random rows).")
         self._cluster_size = cluster_size
-        self._clusters_for = None  # (data and plates, {plate: B}) of the last init
+        self._per_data = {}  # what was found in the data: {what: (key, arrays kept alive, value)}
         self._hyper_warned = False
         self._potential = None
         self._run_args = ((), {})
@@ -443,7 +443,7 @@ class SGKernel(MCMCKernel):
         state["_warmup_program"] = None
         state["_cost_checked"] = None
         state["_data_checked"] = None
-        state["_clusters_for"] = None
+        state["_per_data"] = {}  # holds the data arrays: found again at the next init
         return state
 
     def _own_algorithm(self, potential):
@@ -502,13 +502,12 @@ class SGKernel(MCMCKernel):
         if self.supports_clusters and self._subsample == "with_replacement":
             # the minibatch law, decided once per data (arrays by identity) and plates; with mesh=
             # each device draws its S/k rows as clusters among its own N/k
-            key = (_split_arrays(model_args, model_kwargs)[2], self._potential.plates)
-            if self._clusters_for is None or self._clusters_for[0] != key:
-                # (a mesh without the axis is refused by check_mesh, with its own message, later)
-                shards = 1 if self._mesh is None else dict(self._mesh.shape).get(self._mesh_axis, 1)
-                self._clusters_for = (key, resolve_cluster_sizes(self._potential, model_args, model_kwargs,
-                                                                 self._cluster_size, type(self).__name__, shards))
-            self._potential = self._potential.with_cluster_sizes(self._clusters_for[1])
+            # (a mesh without the axis is refused by check_mesh, with its own message, later)
+            shards = 1 if self._mesh is None else dict(self._mesh.shape).get(self._mesh_axis, 1)
+            sizes = self._once_per_data("cluster sizes", model_args, model_kwargs, self._potential.plates,
+                                        lambda: resolve_cluster_sizes(self._potential, model_args, model_kwargs,
+                                                                      self._cluster_size, type(self).__name__, shards))
+            self._potential = self._potential.with_cluster_sizes(sizes)
         self._algorithm = alg = self._own_algorithm(self._potential)
         if alg.block.summarises and self._steps_per_sample_option is not None:
             raise ValueError(
@@ -518,6 +517,16 @@ class SGKernel(MCMCKernel):
             )
         self._steps_per_sample = self._block_steps()
         return alg
+
+    def _once_per_data(self, what, model_args, model_kwargs, plates, find):
+        """``find()``, computed once per data: kept under ``what`` for the next :meth:`init` with
+        the same model arguments (arrays by identity, kept alive with the entry) and ``plates``;
+        dropped on pickling."""
+        arrays, _, key = _split_arrays(model_args, model_kwargs)
+        entry = self._per_data.get(what)
+        if entry is None or entry[0] != (key, plates):
+            entry = self._per_data[what] = ((key, plates), arrays, find())
+        return entry[2]
 
     def _block_steps(self, state=None):
         """SG steps per returned sample, decided here only, from ``SGAlgorithm.block``

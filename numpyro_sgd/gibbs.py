@@ -40,7 +40,7 @@ from numpyro.infer.hmc_util import build_tree, dual_averaging, euclidean_kinetic
 from numpyro.util import find_stack_level
 
 from .base import SGAlgorithm, SGKernel, SGWrapper
-from .potential import _FlatView, _split_arrays, as_jax_args
+from .potential import _FlatView, as_jax_args
 from .structure import centre_loc_scale, classify_sites, hyper_candidates, prior_dependencies
 
 __all__ = ["SGWithinGibbs", "SGWithinGibbsState", "sg_within_gibbs", "hyper_candidates", "centre_loc_scale"]
@@ -510,7 +510,6 @@ class SGWithinGibbs(SGWrapper):
         self._setup_args = None
         self._z_potential = None
         self._group_warning = None
-        self._structure_for = None  # (arguments' key, plates, their arrays, hyper sites, group warning)
 
     @property
     def hyper_sites(self):
@@ -544,15 +543,10 @@ class SGWithinGibbs(SGWrapper):
     def _build(self, potential, adapt_steps_per_sample=True):
         if self._hyper_names is None:
             model_args, model_kwargs = self._setup_args if self._setup_args is not None else self._run_args
-            arrays, _, key = _split_arrays(model_args, model_kwargs)
-            done = self._structure_for
-            if done is not None and done[:2] == (key, potential.plates):
-                # the same data (arrays by identity; kept alive with the entry) and plates: the
-                # model's structure and the group counts (a gradient per row) are as found before
-                self._hyper_names, self._group_warning = done[3:]
-            else:
-                self._find_structure(potential, model_args, model_kwargs)
-                self._structure_for = (key, potential.plates, arrays, self._hyper_names, self._group_warning)
+            # the model's structure and the group counts (a gradient per row), once per data
+            self._hyper_names, self._group_warning = self._once_per_data(
+                "model structure", model_args, model_kwargs, potential.plates,
+                lambda: self._find_structure(potential, model_args, model_kwargs))
             if self._group_warning is not None:
                 warnings.warn(self._group_warning, UserWarning, stacklevel=find_stack_level())
         self._z_potential = None
@@ -564,28 +558,22 @@ class SGWithinGibbs(SGWrapper):
             )
         return algorithm
 
-    def __getstate__(self):
-        state = super().__getstate__()
-        state["_structure_for"] = None  # holds the data arrays: found again at the next init
-        return state
-
     def _find_structure(self, potential, model_args, model_kwargs):
-        """The hyper sites (``hyper_sites`` or the model's dependency structure) and the warning
-        about groups with too few rows per minibatch, or None."""
+        """``(hyper sites, warning)``: the hyper sites (``hyper_sites`` or the model's dependency
+        structure) and the warning about groups with too few rows per minibatch, or None."""
         deps = prior_dependencies(potential.model, model_args, model_kwargs)
-        self._hyper_names = _resolve_hyper_sites(self._hyper_option, potential, model_args, model_kwargs,
-                                                 "SGWithinGibbs", deps)
-        groups = _group_sites(potential, self._hyper_names, model_args, model_kwargs, deps)
+        hyper = _resolve_hyper_sites(self._hyper_option, potential, model_args, model_kwargs, "SGWithinGibbs", deps)
+        groups = _group_sites(potential, hyper, model_args, model_kwargs, deps)
         sparse = _sparse_groups(groups, potential)
         if sparse:
             site, groups = sparse[0]
             rows = min(p.subsample_size for p in potential.plates)
-            self._group_warning = (
+            return hyper, (
                 f"SGWithinGibbs: the group latent '{site}' has {groups} groups and a minibatch holds S = {rows} "
                 f"rows, about {rows / groups:.2g} rows of each group (if each row belongs to one group). Below "
                 f"about {MIN_ROWS_PER_GROUP} rows per group per minibatch the group latents' gradient noise is far "
                 "from Gaussian and the draws of their sds come out inflated (measured on the OSIC-shaped model: "
                 "2.8 rows per group gave group sds up to 20× NUTS's; 11 gave all within 0.15 sd). Raise "
                 f"subsample_size to at least {MIN_ROWS_PER_GROUP * groups}, or use NUTS.")
-        else:  # the average is enough: count each group's rows
-            self._group_warning = _sparse_group_message(potential, list(groups), model_args, model_kwargs)
+        # the average is enough: count each group's rows
+        return hyper, _sparse_group_message(potential, list(groups), model_args, model_kwargs)

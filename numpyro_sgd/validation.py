@@ -26,10 +26,11 @@ def _describe(value):
 def check_choice(name, arg, value, choices, hint=""):
     """``value`` if it is one of the strings ``choices``; else a ``ValueError`` naming ``arg``, what
     was given and every choice (``hint``: what the choices mean, appended in parentheses)."""
-    if not (isinstance(value, str) and value in choices):
-        listed = ", ".join(repr(c) for c in choices[:-1]) + f" or {choices[-1]!r}" if len(choices) > 1 else repr(choices[0])
-        raise ValueError(f"{name}: unknown {arg} {value!r}; choose {listed}" + (f" ({hint})" if hint else "") + ".")
-    return value
+    if isinstance(value, str) and value in choices:
+        return value
+    listed = " or ".join([", ".join(repr(c) for c in choices[:-1]), repr(choices[-1])] if len(choices) > 1
+                         else [repr(choices[0])])
+    raise ValueError(f"{name}: unknown {arg} {value!r}; choose {listed}" + (f" ({hint})" if hint else "") + ".")
 
 
 def check_number(name, arg, value, what="a number"):
