@@ -139,7 +139,8 @@ def test_cluster_size_errors_name_the_fix():
         ConstantSGD(_model, cluster_size=4, subsample="without_replacement")
 
 
-@pytest.mark.parametrize("ordered", [False, True], ids=["random-order", "sorted-by-y"])
+@pytest.mark.parametrize("ordered", [False, pytest.param(True, marks=pytest.mark.runs_compiled_code)],
+                         ids=["random-order", "sorted-by-y"])
 def test_cluster_law_stationary_covariance_matches_the_posterior(ordered):
     """ConstantSGD-full under the cluster law (B = 50, K = 20 clusters per minibatch) against the
     exact posterior of a conjugate regression (N = 20,000, D = 3, S = 1,000).
