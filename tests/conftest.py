@@ -1,8 +1,9 @@
 """Shared fixtures: float64, a persistent compilation cache, and exact reference problems."""
 
 import gc
-import importlib.metadata
 import os
+import subprocess
+import sys
 
 # XLA:CPU compiles the suite's many small programs without LLVM's optimisation passes. A test's
 # time is almost all compilation (its programs run for milliseconds), and these options change
@@ -15,14 +16,20 @@ import os
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
                                " --xla_llvm_disable_expensive_passes=true").strip()
-    # jaxlib ≤ 0.10 also has XLA:CPU's older loop emitters, which compile a fusion faster than its
-    # default emitters (the package already asks for them for its warmup program, base.QUICK_COMPILE);
-    # here they serve NumPyro's sampling loop and every other program. Measured (one process,
-    # interleaved, 3 repeats, a 2-chain run of tests/test_mcmc_conformance.py's model): ConstantSGD
-    # full 3.71 → 3.10 s, IASG 3.59 → 2.96 s, SGLD 2.14 → 1.57 s. Newer jaxlibs no longer know the
-    # flag and stop at start-up on an unknown one, hence the version test (no XLA may start here).
-    if tuple(int(p) for p in importlib.metadata.version("jaxlib").split(".")[:2]) < (0, 11):
-        os.environ["XLA_FLAGS"] += " --xla_cpu_use_fusion_emitters=false"
+    # XLA:CPU's older loop emitters, where the installed jaxlib has them (0.10 does, 0.12 does not),
+    # compile a fusion faster than its default emitters (the package already asks for them for its
+    # warmup program, base.QUICK_COMPILE); here they serve NumPyro's sampling loop and every other
+    # program. Measured (one process, interleaved, 3 repeats, a 2-chain run of
+    # tests/test_mcmc_conformance.py's model): ConstantSGD full 3.71 → 3.10 s, IASG 3.59 → 2.96 s,
+    # SGLD 2.14 → 1.57 s. XLA stops at start-up on a flag it does not know, so a child process is
+    # asked first (no XLA may start in this one before XLA_FLAGS is final; pytest-xdist's workers
+    # inherit the flags and ask nothing).
+    _LEGACY = "--xla_cpu_use_fusion_emitters=false"
+    _probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], capture_output=True, timeout=300,
+                            env={**os.environ, "XLA_FLAGS": f"{os.environ['XLA_FLAGS']} {_LEGACY}",
+                                 "JAX_PLATFORMS": "cpu"})
+    if _probe.returncode == 0:
+        os.environ["XLA_FLAGS"] += " " + _LEGACY
 
 import jax  # noqa: E402  (after XLA_FLAGS: read when JAX starts its CPU client)
 import numpy as np  # noqa: E402
@@ -54,9 +61,6 @@ def pytest_pyfunc_call(pyfuncitem):
     pytest process with XLA's default optimisation instead; its outcome and output are this one's."""
     if pyfuncitem.get_closest_marker("runs_compiled_code") is None or os.environ.get(_CHILD):
         return None
-    import subprocess
-    import sys
-
     flags = os.environ.get("XLA_FLAGS", "").split()
     quick = ("--xla_backend_optimization_level", "--xla_llvm_disable_expensive_passes",
              "--xla_cpu_use_fusion_emitters")
