@@ -13,9 +13,10 @@ import sys
 # cache): 115 s with the defaults, 87 s with these. The docs' doctests (a separate pytest run
 # that does not read this file), the examples and the benchmarks run with XLA's defaults. Set
 # XLA_FLAGS with an optimisation level of your own to override.
+_QUICK = ["--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true"]
+_LEGACY = "--xla_cpu_use_fusion_emitters=false"
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
-                               " --xla_llvm_disable_expensive_passes=true").strip()
+    os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *_QUICK]).strip()
     # XLA:CPU's older loop emitters, where the installed jaxlib has them (0.10 does, 0.12 does not),
     # compile a fusion faster than its default emitters (the package already asks for them for its
     # warmup program, base.QUICK_COMPILE); here they serve NumPyro's sampling loop and every other
@@ -24,7 +25,6 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     # SGLD 2.14 → 1.57 s. XLA stops at start-up on a flag it does not know, so a child process is
     # asked first (no XLA may start in this one before XLA_FLAGS is final; pytest-xdist's workers
     # inherit the flags and ask nothing).
-    _LEGACY = "--xla_cpu_use_fusion_emitters=false"
     _probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], capture_output=True, timeout=300,
                             env={**os.environ, "XLA_FLAGS": f"{os.environ['XLA_FLAGS']} {_LEGACY}",
                                  "JAX_PLATFORMS": "cpu"})
@@ -61,10 +61,9 @@ def pytest_pyfunc_call(pyfuncitem):
     pytest process with XLA's default optimisation instead; its outcome and output are this one's."""
     if pyfuncitem.get_closest_marker("runs_compiled_code") is None or os.environ.get(_CHILD):
         return None
-    flags = os.environ.get("XLA_FLAGS", "").split()
-    quick = ("--xla_backend_optimization_level", "--xla_llvm_disable_expensive_passes",
-             "--xla_cpu_use_fusion_emitters")
-    flags = [f for f in flags if not f.startswith(quick)] + ["--xla_backend_optimization_level=3"]
+    quick = tuple(f.split("=")[0] for f in (*_QUICK, _LEGACY))
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(quick)]
+    flags.append("--xla_backend_optimization_level=3")
     env = {**os.environ, _CHILD: "1", "XLA_FLAGS": " ".join(flags)}
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", pyfuncitem.nodeid],
                           cwd=pyfuncitem.config.rootpath, env=env, capture_output=True, text=True)
