@@ -127,11 +127,13 @@ def check_init_params(name, init_params, view, num_chains):
 
 
 def check_param_values(name, values, param_constraints):
-    """Refuse a ``numpyro.param`` whose initial value lies outside its constraint."""
+    """Refuse a ``numpyro.param`` whose initial value lies outside its constraint (checked where the
+    value is known while a program is traced: a constant, as NumPyro's argument validation does)."""
     for site, value in values.items():
         constraint = param_constraints[site]
         try:
-            ok = bool(jnp.all(constraint(jnp.asarray(value))))
+            with jax.ensure_compile_time_eval():
+                ok = bool(jnp.all(constraint(jnp.asarray(value))))
         except Exception:  # noqa: BLE001 - a constraint that cannot check a value: nothing to report
             continue
         if not ok:
