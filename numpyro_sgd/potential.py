@@ -1008,8 +1008,11 @@ def _discover(model, model_args, model_kwargs, rng_key, init_strategy, kernel_na
         for name, site in tr.items():
             if site["type"] in ("sample", "param"):
                 out[(name, "value")] = site["value"]
-            support = site["kwargs"].get("constraint") if site["type"] == "param" else getattr(
-                site.get("fn"), "support", None)
+            support = None
+            if site["type"] == "param":
+                support = site["kwargs"].get("constraint")
+            elif site["type"] == "sample" and not site.get("is_observed"):
+                support = site["fn"].support  # latent sites only, as from_model reads them
             if support is not None and any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(support)):
                 out[(name, "support")] = support
         return out
