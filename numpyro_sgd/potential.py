@@ -429,6 +429,15 @@ def _replay(jaxpr):
     return fn
 
 
+def _evaluate(closed, arrays, replay=None):
+    """The outputs of the closed jaxpr ``closed`` on ``arrays``: one compiled program
+    (``replay``, else :func:`_replay`'s) where JAX runs op by op; inside a trace the jaxpr is
+    inlined as it is (a nested jit there would meet the mesh= and pmap sharding rules)."""
+    if _under_a_trace():
+        return jaxpr_as_fun(closed)(*arrays)
+    return (replay or _replay(closed.jaxpr))(closed.consts, *arrays)
+
+
 def as_jax_args(tree):
     """NumPy arrays in model arguments become JAX arrays, so traced minibatch indices can index them
     (by ``jax.device_put``, which canonicalises the dtype as ``jnp.asarray`` does but compiles no
@@ -550,10 +559,7 @@ class SubsampledPotential:
             if not any(isinstance(c, jax.core.Tracer) for c in closed.consts):
                 self._jaxprs[key] = entry
         closed, out_tree, replay = entry
-        # jitted only where it runs op by op: inside a trace the jaxpr is inlined as it is (a
-        # nested jit there would meet the mesh= and pmap sharding rules)
-        outs = replay(closed.consts, *arrays) if not _under_a_trace() else jaxpr_as_fun(closed)(*arrays)
-        return jax.tree.unflatten(out_tree, outs)
+        return jax.tree.unflatten(out_tree, _evaluate(closed, arrays, replay))
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -1021,9 +1027,7 @@ def _discover(model, model_args, model_kwargs, rng_key, init_strategy, kernel_na
         # traced here; compiled once per distinct program (a second run, or a new MCMC on the same
         # model and shapes, compiles nothing new)
         closed, out_shape = jax.make_jaxpr(program, return_shape=True)(arrays)
-        outs = (_replay(closed.jaxpr)(closed.consts, *arrays) if not _under_a_trace()
-                else jaxpr_as_fun(closed)(*arrays))
-        concrete = jax.tree.unflatten(jax.tree.structure(out_shape), outs)
+        concrete = jax.tree.unflatten(jax.tree.structure(out_shape), _evaluate(closed, arrays))
         tr = box["trace"]
         for (name, what), value in concrete.items():
             tr[name]["value" if what == "value" else "_concrete_support"] = value
