@@ -648,7 +648,7 @@ class SubsampledPotential:
         for name, site in tr.items():
             if site["type"] == "param":
                 params[name] = site["value"]
-                param_constraints[name] = site.get("_concrete_support", site["kwargs"].get("constraint", real))
+                param_constraints[name] = _discovered_support(site)
                 continue
             in_plates = _site_plates(site, names)
             if site["type"] == "deterministic":
@@ -995,11 +995,12 @@ def _discover(model, model_args, model_kwargs, rng_key, init_strategy, kernel_na
 
     The trace runs as one compiled program (:func:`_replay`), not op by op: run eagerly, each
     operation of the model compiles an XLA program of its own for the data's shapes (about 17 for
-    a GLM, 0.6–0.8 s on a 2-core CPU at a new N, more on a GPU). The program returns every sample and param site's
-    value, and every support or param constraint that depends on a traced value, so the trace
-    given back holds concrete arrays wherever the caller reads values; the distributions in it
-    (``site["fn"]``) are for their static facts only (support type, discreteness). NumPyro's
-    argument validation still checks constants (it evaluates them at trace time).
+    a GLM, 0.6–0.8 s on a 2-core CPU at a new N, more on a GPU). The program returns every sample
+    and param site's value, and every support or param constraint that depends on a traced value,
+    so the trace given back holds concrete arrays wherever the caller reads values; the
+    distributions in it (``site["fn"]``) are for their static facts only (support type,
+    discreteness). NumPyro's argument validation still checks constants (it evaluates them at
+    trace time).
     """
     finder = _SetPlateIndices(promote=promote, name=kernel_name)
     traced = handlers.trace(handlers.substitute(handlers.seed(finder(_explain_tracer_errors(model, kernel_name)),
@@ -1051,8 +1052,11 @@ def _discover(model, model_args, model_kwargs, rng_key, init_strategy, kernel_na
 
 
 def _discovered_support(site):
-    """A latent site's support from :func:`_discover`'s trace (concrete where it was traced)."""
-    return site.get("_concrete_support", site["fn"].support)
+    """A latent site's support, or a param site's constraint, from :func:`_discover`'s trace
+    (concrete where it was traced)."""
+    if "_concrete_support" in site:
+        return site["_concrete_support"]
+    return site["kwargs"].get("constraint", real) if site["type"] == "param" else site["fn"].support
 
 
 def _unindexed_observations(trace, promote, full_plates):
