@@ -15,15 +15,16 @@ What runs (one process, in this order)
    interleaves them per chain), the end-to-end wall, min bulk ESS and the largest mean and sd
    errors against the Laplace reference, and the peak resident memory of the run (``VmHWM`` after a
    reset) against the bytes of the data.
-3. The cost of one chain's data pass in sampling for the minibatch laws, each a short one-chain
-   run (``warmup_passes=2``, 5 draws of one pass) whose sampling call, minus its compile seconds,
-   is divided by its passes; interleaved with ``X.sum(0)`` in NumPy (the streaming read of the
+3. The cost of one chain's data pass in sampling for the minibatch laws: two ``mcmc.run`` calls of
+   one chain (``warmup_passes=2``) from the same warmed-up state, of 2 and 12 draws one pass apart;
+   the pass costs the difference of their sampling seconds (compile excluded) over the difference
+   of their passes, so what every ``mcmc.run`` costs whatever its length (NumPyro's
+   ``jit_model_args`` loop returns the data, so XLA copies them once per call) is reported apart,
+   as the fixed cost of a run. Interleaved with ``X.sum(0)`` in NumPy (the streaming read of the
    data on the host) and with a jitted ``X.sum(0)`` on JAX's device (on a GPU, the read that a
-   pass should be compared with), and the medians of ``--repeats`` rounds reported as ratios. The
-   workflow's own seconds per chain-pass are given against the same median reads. A short run's figure also carries the
-   per-call costs of ``mcmc.run`` spread over its 5 passes (NumPyro's ``jit_model_args`` loop
-   returns the data, so XLA copies them once per call; the collection); the workflow's figure,
-   over 1,000 passes, is the sampling cost proper.
+   pass should be compared with); the medians of ``--repeats`` rounds are reported as ratios. The
+   workflow's own seconds per chain-pass (its fixed costs spread over 1,000 passes) are given
+   against the same median reads.
 
     python benchmarks/large_n.py --likelihood logistic --d 50 --doc docs/results/large_n_logistic.md
     python benchmarks/large_n.py --likelihood poisson --d 40 --doc docs/results/large_n_poisson.md
@@ -49,6 +50,7 @@ from benchmark_throughput import CompileClock, timed
 from numpyro.infer import MCMC
 
 from numpyro_sgd import IASG, SGFS, ConstantSGD
+from numpyro_sgd.base import DEFAULT_WARMUP_PASSES
 
 
 def vm_hwm_gib():
@@ -58,9 +60,14 @@ def vm_hwm_gib():
     return float("nan")
 
 
-def workflow(model, data, s, num_samples, clock, key):
-    """The docs' large-N workflow, one ``mcmc.run``: times, passes and the MCMC object."""
-    kernel = ConstantSGD(model, preconditioner="full", subsample_size=s)
+def workflow(model, data, s, num_samples, clock, key, draws_per_pass=None):
+    """The docs' large-N workflow, one ``mcmc.run``: times, passes and the MCMC object. With
+    ``draws_per_pass`` = k the draws are N/(k·S) steps apart instead of the kernel's default (one
+    relaxation time, one pass at the KL-optimal preconditioner)."""
+    # with steps_per_sample given, warmup_passes is given too: the same 20 warmup passes as the default
+    steps = {} if draws_per_pass is None else {"steps_per_sample": math.ceil(data[0].shape[0] / (draws_per_pass * s)),
+                                               "warmup_passes": DEFAULT_WARMUP_PASSES}
+    kernel = ConstantSGD(model, preconditioner="full", subsample_size=s, **steps)
     mcmc = MCMC(kernel, num_warmup=20, num_samples=num_samples, num_chains=2, chain_method="sequential",
                 jit_model_args=True, progress_bar=False)
     reset = reset_cell_peak()
@@ -74,7 +81,8 @@ def workflow(model, data, s, num_samples, clock, key):
     warm_passes = 2 * warm_steps * s / data[0].shape[0]
     run_s = wall - comp
     rec = {"S": s, "cluster_size": kernel.potential.plates[0].cluster_size,
-           "steps_per_sample": int(np.max(np.asarray(state.kernel_state.steps_per_sample))),
+           "steps_per_sample": kernel.driver_options["steps_per_sample"]
+           or int(np.max(np.asarray(state.kernel_state.steps_per_sample))),
            "num_samples": num_samples, "wall_s": wall, "compile_s": comp,
            "warmup_s": run_s * warm_passes / total_passes, "sampling_s": run_s * (1 - warm_passes / total_passes),
            "warmup_passes": warm_passes, "sampling_passes": total_passes - warm_passes, "peak_gib": peak}
@@ -95,21 +103,33 @@ PASS_KERNELS = {
 }
 
 
-def pass_cost(model, data, s, cluster_size, clock, key, kernel="ConstantSGD-full"):
-    """A short one-chain run's sampling seconds (compile excluded) per data pass, and its cluster size."""
+def pass_cost(model, data, s, cluster_size, clock, key, kernel="ConstantSGD-full", draws=(2, 12)):
+    """One chain's sampling seconds per data pass, its cluster size, and the fixed cost of a run.
+
+    Two ``mcmc.run`` calls from the same ``post_warmup_state`` take ``draws`` = (a, b) draws of one
+    pass each; the pass costs (t_b − t_a) / (passes_b − passes_a) (compile excluded). That
+    difference cancels what a run costs whatever its length: NumPyro's collection loop returns the
+    model arguments, so XLA writes a new copy of X at every run (about 0.3 s per GB into fresh
+    pages on this CPU), which a short run would otherwise spread over its few passes. The fixed
+    cost is t_a − (passes_a × the pass)."""
     n = data[0].shape[0]
     cls, options = PASS_KERNELS[kernel]
     # one draw per data pass (IASG: a window of N/S steps, its default)
     steps = {} if cls is IASG else {"steps_per_sample": math.ceil(n / s)}
     kernel = cls(model, **options, subsample_size=s, cluster_size=cluster_size, warmup_passes=2, **steps)
-    mcmc = MCMC(kernel, num_warmup=2, num_samples=5, num_chains=1, jit_model_args=True, progress_bar=False)
+    mcmc = MCMC(kernel, num_warmup=2, num_samples=draws[0], num_chains=1, jit_model_args=True, progress_bar=False)
     mcmc.warmup(key, *data, subsample_size=s)
     jax.block_until_ready(mcmc.post_warmup_state)
     before = float(np.sum(np.asarray(mcmc.post_warmup_state.data_passes)))
-    _, wall, comp, _ = timed(lambda: (mcmc.run(key, *data, subsample_size=s),
-                                      jax.block_until_ready(mcmc.last_state)), clock)
-    passes = float(np.sum(np.asarray(mcmc.last_state.data_passes))) - before
-    return (wall - comp) / passes, kernel.potential.plates[0].cluster_size
+    runs = []
+    for num in draws:
+        mcmc.num_samples = num
+        _, wall, comp, _ = timed(lambda: (mcmc.run(key, *data, subsample_size=s),
+                                          jax.block_until_ready(mcmc.last_state)), clock)
+        runs.append((wall - comp, float(np.sum(np.asarray(mcmc.last_state.data_passes))) - before))
+    (t_a, p_a), (t_b, p_b) = runs
+    per_pass = (t_b - t_a) / (p_b - p_a)
+    return per_pass, kernel.potential.plates[0].cluster_size, t_a - p_a * per_pass
 
 
 def main(argv=None):
@@ -120,6 +140,8 @@ def main(argv=None):
     p.add_argument("--likelihood", choices=("logistic", "poisson"), default="logistic")
     p.add_argument("--s", type=int, default=10_000, help="subsample_size (the docs' CPU choice)")
     p.add_argument("--num-samples", type=int, default=300, help="draws per chain (default 300)")
+    p.add_argument("--draws-per-pass", type=int, help="k draws per data pass (steps_per_sample = N/(k·S)); "
+                   "default: the kernel's (one per relaxation time, about one pass)")
     p.add_argument("--repeats", type=int, default=3, help="rounds of the pass-cost comparison")
     p.add_argument("--laws", nargs="+", default=["auto", "1"],
                    help="cluster sizes for the pass-cost comparison: 'auto' (the default law) or an int B")
@@ -156,13 +178,14 @@ def main(argv=None):
     X = np.asarray(data[0])  # the same buffer, read by NumPy (no copy on CPU)
     say()
     if not args.skip_workflow:
-        mcmc, rec = workflow(model, data, args.s, args.num_samples, clock, jax.random.key(0))
+        mcmc, rec = workflow(model, data, args.s, args.num_samples, clock, jax.random.key(0), args.draws_per_pass)
         passes = rec["warmup_passes"] + rec["sampling_passes"]
         acc = accuracy(mcmc, "ConstantSGD-full", reference, rec["wall_s"], passes)
         del mcmc
     laws = [None if law == "auto" else int(law) for law in args.laws]
     times = {"numpy X.sum(0)": [], DEVICE_READ: []}
     names = {}
+    fixed_costs = {}
     device_sum = jax.jit(lambda a: a.sum(0))
     jax.block_until_ready(device_sum(data[0]))  # compiled once, outside the timing
     for r in range(args.repeats):
@@ -174,14 +197,16 @@ def main(argv=None):
         times[DEVICE_READ].append(time.perf_counter() - t)
         for kern in args.kernels:
             for law in laws:
-                cost, b = pass_cost(model, data, args.s, law, clock, jax.random.key(r + 1), kern)
+                cost, b, fixed = pass_cost(model, data, args.s, law, clock, jax.random.key(r + 1), kern)
                 name = names.setdefault((kern, law), f"{kern}, "
                                         f"{'default law' if law is None else 'cluster_size=' + str(law)} (B = {b})")
                 times.setdefault(name, []).append(cost)
+                fixed_costs.setdefault(name, []).append(fixed)
     base = float(np.median(times["numpy X.sum(0)"]))
     device_base = float(np.median(times[DEVICE_READ]))
     if not args.skip_workflow:
-        say("## The workflow (defaults, 2 chains, sequential)")
+        say(f"## The workflow ({'defaults' if args.draws_per_pass is None else f'{args.draws_per_pass} draws per pass'}, "
+            "2 chains, sequential)")
         say()
         say("| S | B | steps per draw | draws per chain | compile s | warmup s | sampling s | end to end s | "
             "s per chain-pass (/ NumPy read, / JAX read) | min bulk ESS | max mean err (sd) | max sd err | peak GiB / data GiB |")
@@ -197,14 +222,16 @@ def main(argv=None):
 
     say(f"## Cost of one chain's data pass in sampling (median of {args.repeats} interleaved rounds)")
     say()
-    say("| what | s per pass | / NumPy read | / JAX read on the device | / ConstantSGD-full's pass (same law) |")
-    say("|---|---|---|---|---|")
+    say("| what | s per pass | / NumPy read | / JAX read on the device | / ConstantSGD-full's pass (same law) "
+        "| fixed s per run |")
+    say("|---|---|---|---|---|---|")
     for name, v in times.items():
         same = [key for key, n in names.items() if n == name]
         other = names.get(("ConstantSGD-full", same[0][1])) if same else None
         ratio = np.median(v) / float(np.median(times[other])) if other else float("nan")
         say(f"| {name} | {np.median(v):.4f} | {np.median(v) / base:.2f}× | {np.median(v) / device_base:.2f}× | "
-            + ("— |" if np.isnan(ratio) else f"{ratio:.2f}× |"))
+            + ("— |" if np.isnan(ratio) else f"{ratio:.2f}× |")
+            + (f" {np.median(fixed_costs[name]):.2f} |" if name in fixed_costs else " — |"))
     if args.doc:
         args.doc.parent.mkdir(parents=True, exist_ok=True)
         args.doc.write_text("\n".join(lines) + "\n")
