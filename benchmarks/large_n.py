@@ -23,7 +23,7 @@ What runs (one process, in this order)
    as the fixed cost of a run. Interleaved with ``X.sum(0)`` in NumPy (the streaming read of the
    data on the host) and with a jitted ``X.sum(0)`` on JAX's device (on a GPU, the read that a
    pass should be compared with); the medians of ``--repeats`` rounds are reported as ratios. The
-   workflow's own seconds per chain-pass (its fixed costs spread over 1,000 passes) are given
+   workflow's own seconds per chain-pass (its fixed costs spread over its 700–1,000 passes) are given
    against the same median reads.
 
     python benchmarks/large_n.py --likelihood logistic --d 50 --doc docs/results/large_n_logistic.md
@@ -109,7 +109,7 @@ def pass_cost(model, data, s, cluster_size, clock, key, kernel="ConstantSGD-full
     Two ``mcmc.run`` calls from the same ``post_warmup_state`` take ``draws`` = (a, b) draws of one
     pass each; the pass costs (t_b − t_a) / (passes_b − passes_a) (compile excluded). That
     difference cancels what a run costs whatever its length: NumPyro's collection loop returns the
-    model arguments, so XLA writes a new copy of X at every run (about 0.3 s per GB into fresh
+    model arguments, so XLA writes a new copy of X at every run (0.35–0.5 s per GB into fresh
     pages on this CPU), which a short run would otherwise spread over its few passes. The fixed
     cost is t_a − (passes_a × the pass)."""
     n = data[0].shape[0]
@@ -205,8 +205,8 @@ def main(argv=None):
     base = float(np.median(times["numpy X.sum(0)"]))
     device_base = float(np.median(times[DEVICE_READ]))
     if not args.skip_workflow:
-        say(f"## The workflow ({'defaults' if args.draws_per_pass is None else f'{args.draws_per_pass} draws per pass'}, "
-            "2 chains, sequential)")
+        spacing = "defaults" if args.draws_per_pass is None else f"{args.draws_per_pass} draws per pass"
+        say(f"## The workflow ({spacing}, 2 chains, sequential)")
         say()
         say("| S | B | steps per draw | draws per chain | compile s | warmup s | sampling s | end to end s | "
             "s per chain-pass (/ NumPy read, / JAX read) | min bulk ESS | max mean err (sd) | max sd err | peak GiB / data GiB |")
