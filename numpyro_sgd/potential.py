@@ -1015,11 +1015,7 @@ def _discover(model, model_args, model_kwargs, rng_key, init_strategy, kernel_na
         for name, site in tr.items():
             if site["type"] in ("sample", "param"):
                 out[(name, "value")] = site["value"]
-            support = None
-            if site["type"] == "param":
-                support = site["kwargs"].get("constraint")
-            elif site["type"] == "sample" and not site.get("is_observed"):
-                support = site["fn"].support  # latent sites only, as from_model reads them
+            support = _declared_support(site)  # latent sites only, as from_model reads them
             if support is not None and any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(support)):
                 out[(name, "support")] = support
         return out
@@ -1051,12 +1047,21 @@ def _discover(model, model_args, model_kwargs, rng_key, init_strategy, kernel_na
         ) from e
 
 
+def _declared_support(site):
+    """A param site's constraint (``real`` if it declares none) or a latent sample site's
+    support, as the model declared it (traced leaves where it depends on traced values); None
+    for any other site."""
+    if site["type"] == "param":
+        return site["kwargs"].get("constraint", real)
+    if site["type"] == "sample" and not site.get("is_observed"):
+        return site["fn"].support
+    return None
+
+
 def _discovered_support(site):
     """A latent site's support, or a param site's constraint, from :func:`_discover`'s trace
     (concrete where it was traced)."""
-    if "_concrete_support" in site:
-        return site["_concrete_support"]
-    return site["kwargs"].get("constraint", real) if site["type"] == "param" else site["fn"].support
+    return site["_concrete_support"] if "_concrete_support" in site else _declared_support(site)
 
 
 def _unindexed_observations(trace, promote, full_plates):
