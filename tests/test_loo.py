@@ -67,12 +67,12 @@ def arviz_loo(kernel, samples, args):
 
 def vectorised_loo(kernel, samples, args):
     """What ArviZ 1.x's ``loo`` computes, vectorised over observations (tests/psis_reference.py),
-    with its r_eff: the mean ESS ("mean" method) of the scalar parameters over the number of draws."""
+    with ArviZ's r_eff as the package computes it (``loo._reff``: mean ESS of the scalar parameters
+    over the number of draws)."""
     (ll,) = pointwise_log_likelihood(kernel, samples, args, chunk_size=50_000).values()
     ll = np.asarray(ll, dtype=float)
     chains, draws = ll.shape[:2]
-    w = samples["w"]
-    reff = np.mean([arviz_compat.ess(w[..., j], method="mean") for j in range(w.shape[-1])]) / (chains * draws)
+    reff = loo._reff(samples, batch_ndims=2, num_draws=chains * draws)
     return psis_reference.loo(ll.reshape(chains * draws, -1).T, reff)
 
 
