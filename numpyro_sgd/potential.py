@@ -415,7 +415,7 @@ def _replay(jaxpr):
 
     Called op by op (NumPyro applies the vmapped ``postprocess_fn`` to the initial state for the
     shapes of its sample buffers), a jaxpr would cost one XLA compilation per operation; jitted
-    it is one program, and under an enclosing trace it is inlined. The kernel traces its model
+    it is one program, and under an enclosing trace a nested call (:func:`_evaluate`). The kernel traces its model
     afresh at each ``init``, so the program is looked up by the jaxpr's text (with the constants
     as arguments, equal text is the same computation): a second run compiles nothing new.
     """
@@ -430,10 +430,19 @@ def _replay(jaxpr):
 
 
 def _evaluate(closed, arrays, replay=None):
-    """The outputs of the closed jaxpr ``closed`` on ``arrays``: one compiled program
-    (``replay``, else :func:`_replay`'s) where JAX runs op by op; inside a trace the jaxpr is
-    inlined as it is (a nested jit there would meet the mesh= and pmap sharding rules)."""
-    if _under_a_trace():
+    """The outputs of the closed jaxpr ``closed`` on ``arrays``, as a call of one jitted program
+    (``replay``, else :func:`_replay`'s).
+
+    Where JAX runs op by op, that is one compiled program instead of one per operation. Inside a
+    trace it is a nested call, which XLA inlines: JAX then differentiates, batches and lowers the
+    model's jaxpr once per kind of use (its ``jvp``/``vmap`` rules for a jitted call keep their
+    results for the same jaxpr) instead of going through it equation by equation at every use,
+    and a kernel's step uses the potential many times (gradient, per-example gradients, noise
+    moments, curvature). With several devices (``mesh=``, ``chain_method="parallel"``,
+    ``jax.distributed``) the jaxpr is inlined as it is instead: there a nested jit meets JAX's
+    sharding rules (pmap's per-chain mesh against the data's).
+    """
+    if jax.device_count() > 1 and _under_a_trace():
         return jaxpr_as_fun(closed)(*arrays)
     return (replay or _replay(closed.jaxpr))(closed.consts, *arrays)
 
