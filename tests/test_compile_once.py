@@ -172,6 +172,27 @@ def test_a_run_traces_the_model_a_few_times(make):
     assert 1 <= counted.calls <= 7, counted.calls
 
 
+
+def test_a_traced_step_reuses_the_models_jaxpr_as_one_call(monkeypatch):
+    """Inside a kernel's programs (one device) the model's jaxpr is a nested jitted call: JAX
+    works it through once per argument signature and keeps its differentiated and batched forms,
+    instead of going through the model's equations again at every use (the gradient, the
+    per-example gradients, the noise moments and the Newton check's Hessian of a warmup step).
+    After ``init`` (whose warmup program met every signature), tracing one more warmup iteration
+    and one sampling step evaluates the jaxpr in Python no more: inlined, as it still is with
+    several devices, the same traces evaluate it 4 and 1 times (measured with two forced host
+    devices)."""
+    import numpyro_sgd.potential as potential
+
+    kernel = ConstantSGD(model, preconditioner="full")
+    state = kernel.init(jax.random.key(2), 30, None, (X, Y, S), {})
+    calls = []
+    evaluate = potential.jaxpr_as_fun
+    monkeypatch.setattr(potential, "jaxpr_as_fun", lambda closed: calls.append(1) or evaluate(closed))
+    jax.make_jaxpr(lambda s: kernel._iteration(s, (X, Y, S), {}, True))(state)
+    jax.make_jaxpr(lambda s: kernel.sample(s, (X, Y, S), {}))(state)
+    assert len(calls) == 0, len(calls)
+
 def test_warmup_iterations_pass_the_warmed_up_state_through():
     """A plain ``mcmc.run``: NumPyro's warmup iterations return the state that ``init``'s warmup
     produced (no SG step is taken in them), and the sampling iterations then take
