@@ -415,9 +415,10 @@ def _replay(jaxpr):
 
     Called op by op (NumPyro applies the vmapped ``postprocess_fn`` to the initial state for the
     shapes of its sample buffers), a jaxpr would cost one XLA compilation per operation; jitted
-    it is one program, and under an enclosing trace a nested call (:func:`_evaluate`). The kernel traces its model
-    afresh at each ``init``, so the program is looked up by the jaxpr's text (with the constants
-    as arguments, equal text is the same computation): a second run compiles nothing new.
+    it is one program, and under an enclosing trace a nested call (:func:`_evaluate`). The
+    kernel traces its model afresh at each ``init``, so the program is looked up by the jaxpr's
+    text (with the constants as arguments, equal text is the same computation): a second run
+    compiles nothing new.
     """
     key = str(jaxpr)
     fn = _REPLAYS.get(key)
