@@ -172,7 +172,6 @@ def test_a_run_traces_the_model_a_few_times(make):
     assert 1 <= counted.calls <= 7, counted.calls
 
 
-
 def test_a_traced_step_reuses_the_models_jaxpr_as_one_call(monkeypatch):
     """Inside a kernel's programs (one device) the model's jaxpr is a nested jitted call: JAX
     works it through once per argument signature and keeps its differentiated and batched forms,
@@ -192,6 +191,7 @@ def test_a_traced_step_reuses_the_models_jaxpr_as_one_call(monkeypatch):
     jax.make_jaxpr(lambda s: kernel._iteration(s, (X, Y, S), {}, True))(state)
     jax.make_jaxpr(lambda s: kernel.sample(s, (X, Y, S), {}))(state)
     assert len(calls) == 0, len(calls)
+
 
 def test_warmup_iterations_pass_the_warmed_up_state_through():
     """A plain ``mcmc.run``: NumPyro's warmup iterations return the state that ``init``'s warmup
