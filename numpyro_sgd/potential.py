@@ -301,7 +301,10 @@ class AllRows(Messenger):
             return
         size, subsample_size = msg["args"]
         if subsample_size is not None and subsample_size != size:
-            msg["value"] = jnp.arange(size)
+            # concrete even inside a jit (ArviZ's export traces the model under one): NumPy data
+            # cannot be indexed by a tracer
+            with jax.ensure_compile_time_eval():
+                msg["value"] = jnp.arange(size)
             msg["args"] = (size, size)
 
 

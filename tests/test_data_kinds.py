@@ -1,0 +1,122 @@
+"""Runs on the data users have: JAX arrays, NumPy arrays, pandas columns and memory-mapped files.
+
+A fitted kernel's ``model`` (:class:`numpyro_sgd.potential.AllRows`) sets each subsample plate to
+all N rows, so every consumer of a run evaluates the full data: ArviZ's own export
+(``az.from_numpyro``, which traces the model under a ``jit``), NumPyro's ``Predictive`` and
+``log_likelihood``, and the package's ``to_arviz``, ``check_run`` and ``loo_subsample``. The plate
+indices must then be concrete, or a NumPy array indexed by them (``x[idx]``) fails on a tracer
+(issue 44: ``TracerArrayConversionError`` on NumPy data). One body for every kernel, the two
+wrappers and each kind of data; in CI every kind runs on the representative kernels of
+``tests/test_mcmc_conformance.py`` and NumPy data on every kernel, the rest with ``-m slow``.
+"""
+
+import importlib.util
+import pathlib
+
+import arviz as az
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from numpyro.infer import MCMC, Predictive, log_likelihood
+
+from numpyro_sgd import ConstantSGD, SGWithinGibbs, check_run, loo_subsample, to_arviz
+
+pd = pytest.importorskip("pandas")
+
+# the conformance file's kernels (--import-mode=importlib puts no test folder on sys.path)
+_spec = importlib.util.spec_from_file_location("conformance", pathlib.Path(__file__).parent / "test_mcmc_conformance.py")
+conformance = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(conformance)
+
+N, S = 500, 25
+_rng = np.random.default_rng(11)
+X = _rng.normal(size=N)
+Y = 1.0 + 0.5 * X + _rng.normal(scale=0.5, size=N)
+
+
+def model(x, y=None):
+    # a param site: held at its value by the kernels, fitted by VariationalEM
+    prior_scale = numpyro.param("prior_scale", 10.0, constraint=dist.constraints.positive)
+    mu = numpyro.sample("mu", dist.Normal(0.0, prior_scale))
+    slope = numpyro.sample("slope", dist.Normal(0.0, 10.0))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(2.0))
+    with numpyro.plate("data", x.shape[0], subsample_size=S) as idx:
+        numpyro.sample("obs", dist.Normal(mu + slope * x[idx], sigma), obs=None if y is None else y[idx])
+
+
+def hierarchical_model(x, y=None):
+    """``tau`` has no observed child in the plate: SGWithinGibbs's hyper site."""
+    tau = numpyro.sample("tau", dist.HalfNormal(5.0))
+    mu = numpyro.sample("mu", dist.Normal(0.0, tau))
+    slope = numpyro.sample("slope", dist.Normal(0.0, 10.0))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(2.0))
+    with numpyro.plate("data", x.shape[0], subsample_size=S) as idx:
+        numpyro.sample("obs", dist.Normal(mu + slope * x[idx], sigma), obs=None if y is None else y[idx])
+
+
+def _data(kind, tmp_path):
+    """(x, y) as the user would pass them."""
+    if kind == "jax":
+        return jnp.asarray(X), jnp.asarray(Y)
+    if kind == "numpy":
+        return X.copy(), Y.copy()
+    if kind == "pandas":  # columns of a data frame, as NumPy arrays (a DataFrame itself is refused at init)
+        frame = pd.DataFrame({"x": X, "y": Y})
+        return frame["x"].to_numpy(), frame["y"].to_numpy()
+    assert kind == "memmap"
+    for name, values in (("x", X), ("y", Y)):
+        np.save(tmp_path / f"{name}.npy", values)
+    return (np.load(tmp_path / "x.npy", mmap_mode="r"), np.load(tmp_path / "y.npy", mmap_mode="r"))
+
+
+def _gibbs(m, **kw):
+    return SGWithinGibbs(ConstantSGD(m, preconditioner="diag", **kw), hyper_sites=["tau"])
+
+
+#: (factory, id, marks, model): every kernel of the conformance table, VariationalEM and SGWithinGibbs
+RUNS = [(p.values[0], p.id, p.marks, model) for p in conformance.KERNELS_AND_VEM] + [
+    (_gibbs, "SGWithinGibbs", (), hierarchical_model)]
+KINDS = ("numpy", "pandas", "memmap", "jax")
+
+
+def _cases():
+    for make, name, marks, m in RUNS:
+        for kind in KINDS:
+            # NumPy data on every kernel; every kind on the representative ones and SGWithinGibbs
+            quick = kind == "numpy" or name in conformance.REPRESENTATIVE or name == "SGWithinGibbs"
+            yield pytest.param(make, m, kind, id=f"{kind}-{name}",
+                               marks=[*marks] if quick else [*marks, pytest.mark.slow])
+
+
+@pytest.mark.parametrize("make, m, kind", list(_cases()))
+def test_every_export_on_every_kind_of_data(make, m, kind, tmp_path):
+    x, y = _data(kind, tmp_path)
+    mcmc = MCMC(make(m, steps_per_sample=1), num_warmup=60, num_samples=40, num_chains=2,
+                chain_method="vectorized", progress_bar=False)
+    mcmc.run(jax.random.key(0), x, y)
+    samples = mcmc.get_samples()
+    latent = sorted(samples)
+
+    # ArviZ's own export (traces the model under jit): the full N columns
+    idata = az.from_numpyro(mcmc, log_likelihood=True)
+    assert idata["posterior"]["mu"].shape == (2, 40)
+    assert idata["log_likelihood"]["obs"].shape == (2, 40, N)
+    np.testing.assert_allclose(np.asarray(idata["observed_data"]["obs"]), Y)
+
+    # NumPyro's Predictive and log_likelihood on the fitted model, with the user's kind of data
+    predicted = Predictive(mcmc.sampler.model, samples)(jax.random.key(1), x)
+    assert predicted["obs"].shape == (80, N)
+    ll = log_likelihood(mcmc.sampler.model, samples, x, y)["obs"]
+    assert ll.shape == (80, N) and np.all(np.isfinite(np.asarray(ll)))
+
+    # the package's own consumers
+    ours = to_arviz(mcmc, log_likelihood=True)
+    np.testing.assert_allclose(np.asarray(ours["log_likelihood"]["obs"]).reshape(80, N), np.asarray(ll),
+                               rtol=1e-6, atol=1e-8)
+    assert isinstance(check_run(mcmc, warn=False), list)
+    loo = loo_subsample(mcmc, num_observations=50, rng_key=jax.random.key(2))
+    assert np.isfinite(loo.elpd_loo)
+    assert latent == sorted(idata["posterior"].data_vars)
