@@ -369,3 +369,127 @@ def test_a_second_init_on_the_same_data_reuses_the_structure(data, monkeypatch):
     assert len(scans) == 1 and kernel.hyper_sites == ("mu", "tau")
     kernel.init(jax.random.key(0), 0, None, data, {})
     assert len(scans) == 2 and kernel.group_warning is None
+
+
+def osic_shaped(pid, weeks, fvc, num_patients):
+    """NumPyro's OSIC model (the patient count a Python int argument), on unit-scale data."""
+    mu_a = numpyro.sample("mu_a", dist.Normal(0.0, 5.0))
+    sigma_a = numpyro.sample("sigma_a", dist.HalfNormal(1.0))
+    mu_b = numpyro.sample("mu_b", dist.Normal(0.0, 3.0))
+    sigma_b = numpyro.sample("sigma_b", dist.HalfNormal(1.0))
+    with numpyro.plate("patients", num_patients):
+        a = numpyro.sample("a", dist.Normal(mu_a, sigma_a))
+        b = numpyro.sample("b", dist.Normal(mu_b, sigma_b))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(1.0))
+    with numpyro.plate("data", fvc.shape[0], subsample_size=800) as idx:
+        p = pid[idx]
+        numpyro.sample("obs", dist.Normal(a[p] + b[p] * weeks[idx], sigma), obs=fvc[idx])
+
+
+def osic_data(rows):
+    """``rows[j]`` rows of patient j, unit-scale FVC and weeks."""
+    rng = np.random.default_rng(0)
+    pid = np.repeat(np.arange(len(rows)), rows)
+    weeks = rng.uniform(-1.0, 1.0, pid.shape[0])
+    fvc = rng.normal(size=len(rows))[pid] - 0.5 * weeks + 0.3 * rng.normal(size=pid.shape[0])
+    return jnp.asarray(pid), jnp.asarray(weeks), jnp.asarray(fvc)
+
+
+def test_integer_model_argument_at_the_documented_subsample_size(monkeypatch):
+    """Issue 44 (3a): the patient count is a Python int model argument, as in NumPyro's OSIC model,
+    and S = 800 of 60 × 80 rows gives 13 rows of each patient per minibatch, so the per-group row
+    count runs (it is skipped below 10 on average). It traced the count, and the patients plate's
+    size check failed on the tracer. Now it runs, and names a patient with too few rows."""
+    import numpyro_sgd.gibbs as gibbs
+
+    scans = []
+    original = gibbs.rows_per_group
+    monkeypatch.setattr(gibbs, "rows_per_group", lambda *a, **kw: scans.append(1) or original(*a, **kw))
+    rows = np.full(60, 80)
+    mcmc = MCMC(SGWithinGibbs(ConstantSGD(osic_shaped)), num_warmup=50, num_samples=50, progress_bar=False)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        mcmc.run(jax.random.key(0), *osic_data(rows), 60)
+    assert len(scans) == 1 and not [w for w in record if "rows per minibatch" in str(w.message)]
+    assert mcmc.get_samples()["a"].shape == (50, 60)
+    assert all(np.isfinite(v).all() for v in mcmc.get_samples().values())
+    # patient 0 with 20 of 4,740 rows: 20 · 800 / 4,740 = 3.4 rows per minibatch
+    rows[0] = 20
+    with pytest.warns(UserWarning, match=r"group latent 'a': a\[0\] has fewer than 10 rows per minibatch of "
+                                         r"S = 800 \(fewest: a\[0\], 3.4\)"):
+        SGWithinGibbs(ConstantSGD(osic_shaped)).init(jax.random.key(0), 0, None, (*osic_data(rows), 60), {})
+    assert len(scans) == 2
+
+
+def bounded_by_hyper(y):
+    """b's support (0, a) depends on the hyper site a (no observed child: y depends on b only)."""
+    a = numpyro.sample("a", dist.HalfNormal(3.0))
+    b = numpyro.sample("b", dist.Uniform(0.0, a))
+    with numpyro.plate("data", y.shape[0], subsample_size=100) as idx:
+        numpyro.sample("y", dist.Normal(b, 1.0), obs=y[idx])
+
+
+def hyper_bounded_by_hyper(g, y):
+    """The hyper site c's support (0, a) depends on the hyper site a."""
+    a = numpyro.sample("a", dist.HalfNormal(3.0))
+    c = numpyro.sample("c", dist.Uniform(0.0, a))
+    with numpyro.plate("groups", J):
+        z = numpyro.sample("z", dist.Normal(0.0, c))
+    with numpyro.plate("data", y.shape[0], subsample_size=S) as idx:
+        numpyro.sample("y", dist.Normal(z[g[idx]], SIGMA), obs=y[idx])
+
+
+def hyper_bounded_by_sg(g, y):
+    """The hyper site c's support (0, e^m) depends on m, a parent of the data (an SG site)."""
+    m = numpyro.sample("m", dist.Normal(0.0, 1.0))
+    c = numpyro.sample("c", dist.Uniform(0.0, jnp.exp(m)))
+    with numpyro.plate("groups", J):
+        z = numpyro.sample("z", dist.Normal(0.0, c))
+    with numpyro.plate("data", y.shape[0], subsample_size=S) as idx:
+        numpyro.sample("y", dist.Normal(m + z[g[idx]], SIGMA), obs=y[idx])
+
+
+def truncated_groups(g, y):
+    """Group effects truncated at a constant bound: their support does not depend on mu or tau."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, PRIOR_SD_MU))
+    tau = numpyro.sample("tau", dist.HalfNormal(2.0))
+    with numpyro.plate("groups", J):
+        z = numpyro.sample("z", dist.TruncatedNormal(mu, tau, low=-20.0))
+    with numpyro.plate("data", y.shape[0], subsample_size=S) as idx:
+        numpyro.sample("y", dist.Normal(z[g[idx]], SIGMA), obs=y[idx])
+
+
+@pytest.mark.parametrize("model, match", [
+    (bounded_by_hyper, r"the support of the SG site 'b' depends on the hyper site 'a': .* b 1.57 ± 1.17 where the data "
+                       r"pin it at 1.95 ± 0.03\)\. {fix} \('a' then reaches the data through 'b' and the SG kernel "
+                       r"samples it\); or run the plain kernel \(e.g. ConstantSGD\(model\)\) or NUTS on this model"),
+    (hyper_bounded_by_hyper, r"the support of the hyper site 'c' depends on the hyper site 'a': the SG steps are given "
+                             r"'c' through its support's bijection at the initial point.*\. {fix}; or use NUTS"),
+    (hyper_bounded_by_sg, r"the support of the hyper site 'c' depends on the SG site 'm': the SG steps move 'm' with "
+                          r"'c' held fixed.*\. {fix}; or use NUTS"),
+], ids=["sg-on-hyper", "hyper-on-hyper", "hyper-on-sg"])
+def test_a_support_that_depends_on_the_other_block_is_refused(data, model, match):
+    """Issue 44 (6): a ~ HalfNormal(3), b ~ Uniform(0, a), y ~ N(b, 1) (1,000 rows pin b at
+    1.95 ± 0.03): a is a hyper site, but the SG kernel moves b's unconstrained coordinate, whose b
+    moves with a, so a's data-free update is wrong (measured: b 1.57 ± 1.17). Refused at init, before
+    any compute, naming both sites and the reparameterisation; likewise a hyper site whose support
+    depends on a site of either block (measured for c ~ Uniform(0, a): c 0.005 against NUTS's 1.08)."""
+    y = jnp.asarray(np.random.default_rng(0).normal(1.95, 1.0, 1000))
+    args = (y,) if model is bounded_by_hyper else data
+    fix = r"Reparameterise so that the support of '\w+' is fixed, e\.g\. .* sample u ~ " \
+          r"Uniform\(0, 1\) and set \w+ = numpyro\.deterministic\('\w+', \w+ \* u\)"
+    with pytest.raises(ValueError, match=r"SGWithinGibbs: " + match.format(fix=fix)):
+        SGWithinGibbs(ConstantSGD(model)).init(jax.random.key(0), 0, None, args, {})
+
+
+@pytest.mark.parametrize("model, expected", [
+    (centred, {"mu": [], "tau": [], "z": []}),
+    (truncated_groups, {"mu": [], "tau": [], "z": []}),
+    (hyper_bounded_by_hyper, {"a": [], "c": ["a"], "z": []}),
+], ids=["centred", "constant-truncation", "dependent"])
+def test_support_parents(data, model, expected):
+    """Only a support whose parameters are computed from latent sites has parents: the constant
+    bound of a TruncatedNormal does not depend on its loc and scale."""
+    from numpyro_sgd.gibbs import support_parents
+
+    assert support_parents(model, data, {}, list(expected)) == expected
