@@ -94,14 +94,23 @@ def moment_errors(draws, ref_mean, ref_sd):
 
 
 # ---------------------------------------------------------------------------- ArviZ
-def _kernel_of(mcmc):
+def require_run(run, name, who="this MCMC"):
+    """Refuse an ``MCMC`` whose ``run`` has not been called (it has no draws and no last state:
+    NumPyro would fail later with a ``TypeError`` or ``AttributeError`` on ``None``)."""
+    if hasattr(run, "get_samples") and hasattr(run, "last_state") and run.last_state is None:
+        raise ValueError(f"{name}: {who} has not been run; call mcmc.run(rng_key, *model_args) first.")
+
+
+def _kernel_of(mcmc, name="to_arviz"):
+    """The numpyro_sgd kernel of a finished ``MCMC`` run (``name``: the calling function, for messages)."""
     from .base import SGKernel
 
     kernel = getattr(mcmc, "sampler", None)
     if not isinstance(kernel, SGKernel):
         raise TypeError(
-            "to_arviz: expected an MCMC run of a numpyro_sgd kernel; use az.from_numpyro for other kernels."
+            f"{name}: expected an MCMC run of a numpyro_sgd kernel; use az.from_numpyro for other kernels."
         )
+    require_run(mcmc, name)
     return kernel
 
 
@@ -351,6 +360,22 @@ def _check_sites(runs, names):
     return first
 
 
+def _check_reference_sites(runs, reference, transforms):
+    """With the default ``names`` (the reference's sites): every latent site of every run must be
+    among them, so that no site of a run drops out of the comparison unsaid."""
+    ref_sites = _site_arrays(reference)
+    for name, run in runs.items():
+        arrays = _site_arrays(run)
+        latent = sorted(k for k in arrays if k in (transforms or arrays))
+        missing = [k for k in latent if k not in ref_sites]
+        if missing:
+            raise ValueError(
+                f"compare: the reference has no site {missing[0]!r} of run {name!r} (the reference's sites: "
+                f"{sorted(ref_sites)}; the run's: {latent}); pass "
+                "a reference with draws of every latent site of the runs, or names=[...] with the sites that every "
+                "run and the reference share.")
+
+
 def _reference_draws(reference, first, names):
     """The reference's draws of ``names`` as a dict of (chains, draws, ...) arrays: a site of
     shape (draws, ...) (the event shape of the runs' site, no chain dimension) is one chain."""
@@ -420,7 +445,7 @@ def nuts_reference(run, *, num_warmup=1000, num_samples=1000, num_chains=None, r
     """
     from numpyro.infer import MCMC, NUTS
 
-    kernel = _kernel_of(run)
+    kernel = _kernel_of(run, "nuts_reference")
     args, kwargs = run_model_args(run, run.get_samples(group_by_chain=True), name="nuts_reference")
     nuts = MCMC(NUTS(kernel.model, **nuts_options), num_warmup=num_warmup, num_samples=num_samples,
                 num_chains=run.num_chains if num_chains is None else num_chains, chain_method="sequential",
@@ -445,13 +470,19 @@ def compare(runs, reference, *, names=None, transforms=None, wall_times=None, da
         draws (chains, draws, ...), an exact Gaussian ``(mean, cov)`` on the unconstrained scale,
         or ``"nuts"``: a full-data NUTS run of the first numpyro_sgd run's own model
         (``nuts_reference``, 1,000 warmup + 1,000 draws per chain).
-    :param names: sites to compare (default: the reference's sites, or the first run's).
+    :param names: sites to compare (default: the reference's sites, or the first run's for a
+        Gaussian reference; a draw reference must then hold every latent site of every run).
     :param transforms: site -> transform to the support (default: from the first numpyro_sgd run).
     :param dict wall_times: name -> seconds. :param dict data_passes: name -> passes (overrides).
     :return: ``pandas.DataFrame`` indexed by run name.
+    :raises ValueError: an ``MCMC`` (run or reference) that has not been run, or a site missing
+        from a run or from the reference (naming it), before any compute.
     """
     import pandas as pd
 
+    for name, run in runs.items():
+        require_run(run, "compare", f"the MCMC of run {name!r}")
+    require_run(reference, "compare", "the reference MCMC")
     if isinstance(reference, str):
         if reference != "nuts":
             raise ValueError(f"compare: reference={reference!r}; the only named reference is 'nuts' (a full-data "
@@ -462,10 +493,16 @@ def compare(runs, reference, *, names=None, transforms=None, wall_times=None, da
         reference = nuts_reference(sg[0])
     transforms = _transforms_from(runs, transforms)
     gaussian_ref = isinstance(reference, (tuple, list)) and len(reference) == 2
-    if names is None:
+    default_names = names is None
+    if default_names:
         src = next(iter(runs.values())) if gaussian_ref else reference
         names = sorted(k for k in _site_arrays(src) if k in (transforms or _site_arrays(src)))
     first = _check_sites(runs, names)
+    if default_names and not gaussian_ref:
+        _check_reference_sites(runs, reference, transforms)
+    if not names:
+        raise ValueError("compare: no site to compare (names=[] or no latent site of the runs in the reference); "
+                         "pass names=[...] with the sites that every run and the reference share.")
     if gaussian_ref:
         ref_u = fit_gaussian(reference)
         ref_mean, ref_sd = ref_u[0], np.sqrt(np.diag(ref_u[1]))
@@ -752,7 +789,7 @@ def check_run(mcmc, *, gradient=True, warn=True):
     :param bool warn: also issue each message as a ``UserWarning``.
     :return: list of str.
     """
-    kernel = _kernel_of(mcmc)
+    kernel = _kernel_of(mcmc, "check_run")
     name = type(kernel).__name__
     state = mcmc.last_state
     messages = []

@@ -41,7 +41,7 @@ from jax import random
 from numpyro.util import find_stack_level
 
 from . import arviz_compat
-from .diagnostics import fit_gaussian, log_likelihood_chunks, run_model_args
+from .diagnostics import require_run, fit_gaussian, log_likelihood_chunks, run_model_args
 
 __all__ = ["APPROXIMATIONS", "LooSubsample", "loo_subsample", "compare_loo"]
 
@@ -159,6 +159,7 @@ def _resolve(run, samples, model_args, model_kwargs, batch_ndims):
             f"loo_subsample: expected an MCMC run of a numpyro_sgd kernel or such a kernel, got "
             f"{type(run).__name__}; for other kernels use arviz.loo on az.from_numpyro(mcmc)."
         )
+    require_run(run, "loo_subsample")
     if not kernel.is_initialized:
         raise ValueError("loo_subsample: the kernel has not traced the model; call MCMC.run or kernel.init first.")
     if samples is None:
@@ -171,9 +172,42 @@ def _resolve(run, samples, model_args, model_kwargs, batch_ndims):
         raise ValueError(f"loo_subsample: samples lack the latent sites {sorted(missing)}; pass draws of every "
                          "latent site (constrained, as mcmc.get_samples() returns them).")
     samples = {k: np.asarray(v) for k, v in samples.items() if k in kernel.potential.view.names}
+    batch_ndims = _batch_ndims(kernel.potential, samples, batch_ndims)
     # the run's own arguments (not those of a later run of the same kernel), plate sizes checked
     model_args, model_kwargs = run_model_args(run, samples, model_args, model_kwargs, batch_ndims, "loo_subsample")
     return kernel, samples, model_args, model_kwargs, batch_ndims
+
+
+def _batch_ndims(potential, samples, batch_ndims):
+    """The leading dimensions of ``samples``, (chains, draws) or (draws,): each latent site's
+    shape is compared with its constrained shape in the model (which fixes the count by the
+    number of dimensions), so flat draws (``mcmc.get_samples()``) need no ``batch_ndims``; a
+    given ``batch_ndims`` must agree. Raises ``ValueError`` naming the site and the shapes."""
+    found = {}
+    for site, shape in zip(potential.view.names, potential.view.shapes):
+        transform = potential.transforms.get(site)
+        event = tuple(transform.forward_shape(shape)) if transform is not None else tuple(shape)
+        given = np.shape(samples[site])
+        lead = len(given) - len(event)
+        if lead not in (1, 2) or given[lead:] != event:
+            raise ValueError(
+                f"loo_subsample: the draws of '{site}' have shape {given}; expected (chains, draws) + {event} "
+                f"or (draws,) + {event}, with {event} the site's shape in the model. Pass "
+                "mcmc.get_samples(group_by_chain=True) or mcmc.get_samples().")
+        found[site] = lead
+    leads = sorted(set(found.values()))
+    if len(leads) > 1:
+        shown = ", ".join(f"'{k}' {np.shape(samples[k])}" for k in found)
+        raise ValueError(f"loo_subsample: the sites' draws disagree on their leading dimensions ({shown}): some "
+                         "have (chains, draws), some (draws,). Take them all from one call of mcmc.get_samples.")
+    if batch_ndims is not None and batch_ndims != leads[0]:
+        site = next(iter(found))
+        raise ValueError(
+            f"loo_subsample: batch_ndims={batch_ndims}, but the draws of '{site}' have shape "
+            f"{np.shape(samples[site])}, which has {leads[0]} leading dimension(s) before the site's shape in the "
+            f"model; leave batch_ndims out (it is read from the shapes) or pass "
+            f"batch_ndims={leads[0]}.")
+    return leads[0]
 
 
 def _target(potential, var_name):
@@ -336,7 +370,7 @@ def _reff(samples, batch_ndims, num_draws):
 # ---------------------------------------------------------------------------- public
 def loo_subsample(run, samples=None, *, num_observations=400, observations=None, approximation="plpd",
                   posterior_correction=False, rng_key=None, chunk_size=2_000, model_args=None, model_kwargs=None,
-                  var_name=None, batch_ndims=2, reff=None):
+                  var_name=None, batch_ndims=None, reff=None):
     r"""PSIS-LOO of a large-N model from m subsampled observations (refs [1], [2]).
 
     For every observation i a cheap approximation π̃_i of elpd_loo,i = ``log p(y_i | y_-i)`` is
@@ -348,8 +382,10 @@ def loo_subsample(run, samples=None, *, num_observations=400, observations=None,
     ``"lpd"`` or with ``posterior_correction``.
 
     Usage: ``loo_subsample(mcmc)`` after ``mcmc.run(...)`` (draws and model arguments from the
-    run), or ``loo_subsample(kernel, samples, model_args=..., batch_ndims=...)`` for draws from
-    elsewhere (e.g. exact posterior draws) and a kernel after ``init``.
+    run), or ``loo_subsample(kernel, samples, model_args=...)`` for draws from elsewhere (e.g.
+    exact posterior draws) and a kernel after ``init``. ``samples`` may be grouped by chain
+    (``mcmc.get_samples(group_by_chain=True)``) or flat (``mcmc.get_samples()``): which one is
+    read from the shapes.
 
     .. note:: **Posterior correction** (ref [2], Sec. 4, "approximate posteriors"; R's
        ``loo_approximate_posterior``). By default the draws are treated as posterior draws, as
@@ -369,8 +405,8 @@ def loo_subsample(run, samples=None, *, num_observations=400, observations=None,
 
     :param run: a finished :class:`numpyro.infer.MCMC` run of a numpyro_sgd kernel, or a
         numpyro_sgd kernel after ``init`` (then ``samples`` is required).
-    :param dict samples: constrained draws {site: array} with ``batch_ndims`` leading dimensions
-        (default: ``run.get_samples(group_by_chain=True)``).
+    :param dict samples: constrained draws {site: array} with leading (chains, draws) or
+        (draws,) dimensions (default: ``run.get_samples(group_by_chain=True)``).
     :param int num_observations: m, the subsample size, 2 <= m <= N (default 400).
     :param observations: explicit data indices of the subsample (or a :class:`LooSubsample` whose
         subsample to reuse); overrides ``num_observations`` and ``rng_key``.
@@ -384,9 +420,12 @@ def loo_subsample(run, samples=None, *, num_observations=400, observations=None,
     :param model_args: model arguments, with ``model_kwargs`` the keyword ones (default: those of
         the last ``mcmc.run``).
     :param str var_name: the observed site to leave out (needed if there are several).
-    :param int batch_ndims: leading (chain, draw) dimensions of ``samples``: 2 or 1.
+    :param int batch_ndims: leading dimensions of ``samples``: 2 (chains, draws) or 1 (draws);
+        default None: read from the shapes (each site's against its shape in the model), and a
+        given value must agree with them.
     :param float reff: relative efficiency for PSIS (default: as ``arviz.loo``, mean ESS / S;
-        1 with the posterior correction, as R's ``loo_approximate_posterior``).
+        1 for flat draws (one chain) and with the posterior correction, as R's
+        ``loo_approximate_posterior``).
     :return: :class:`LooSubsample`.
 
     .. doctest::
@@ -411,8 +450,9 @@ def loo_subsample(run, samples=None, *, num_observations=400, observations=None,
                          "('plpd': log p(y_i | posterior mean), cheapest; 'lpd': log mean_s p(y_i | θ_s)).")
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
         raise ValueError(f"loo_subsample: chunk_size must be an integer >= 1, got {chunk_size!r}.")
-    if batch_ndims not in (1, 2):
-        raise ValueError(f"loo_subsample: batch_ndims must be 1 (draws) or 2 (chains, draws), got {batch_ndims!r}.")
+    if batch_ndims not in (None, 1, 2):
+        raise ValueError(f"loo_subsample: batch_ndims must be 1 (draws), 2 (chains, draws) or None (read from the "
+                         f"shapes), got {batch_ndims!r}.")
     if posterior_correction not in (True, False):
         raise ValueError(f"loo_subsample: posterior_correction must be True or False, got {posterior_correction!r}.")
     kernel, samples, args, kwargs, batch_ndims = _resolve(run, samples, model_args, model_kwargs, batch_ndims)
