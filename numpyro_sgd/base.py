@@ -658,10 +658,9 @@ class SGKernel(MCMCKernel):
         mcmc = _calling_mcmc()
         if mcmc is None:
             return
-        predicted = np.asarray(relaxation(state.kernel_state), float)
-        if np.all(np.isnan(predicted)):
-            return  # no noise estimate (too short a warmup): the noise warmup has said so
-        warn_short_run(type(self).__name__, float(np.nanmax(predicted)), mcmc.num_samples, self._block_steps())
+        # per-chain times, or checks.PredictedRelaxation with the cause (all NaN: no noise estimate,
+        # too short a warmup, which the noise warmup has said; nothing more is said)
+        warn_short_run(type(self).__name__, relaxation(state.kernel_state), mcmc.num_samples, self._block_steps())
 
     def _compiled_init(self, init_chains, rng_key, init_params, model_args, model_kwargs, num_warmup_steps):
         """``init_chains(rng_key, init_params, model_args, model_kwargs)`` as one compiled program.

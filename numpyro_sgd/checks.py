@@ -16,7 +16,8 @@ import numpy as np
 from numpyro.util import find_stack_level
 
 from .likelihood import log_likelihood_chunks
-from .structure import classify_sites, hyper_candidates
+from .structure import classify_sites, hyper_candidates, support_conflict
+from .warmup import PredictedRelaxation
 
 __all__ = ["check_problem_size", "warn_short_blocks", "warn_short_run", "warn_hyper_candidates", "warn_full_data_steps",
            "check_data", "warn_constant_data", "all_finite"]
@@ -130,22 +131,32 @@ def warn_short_blocks(name, algorithm, steps_per_sample):
 def warn_short_run(name, relaxation, num_samples, steps_per_sample):
     """Warn at the end of warmup when ``num_samples × steps_per_sample`` SG steps per chain are
     fewer than :data:`MIN_PREDICTED_ESS` of the predicted autocorrelation time ``relaxation``
-    (SG steps, from the steps warmup chose: ``SampleBlock.relaxation``). Returns the predicted
-    effective sample size per chain (None when it cannot be predicted)."""
-    if relaxation is None or not np.isfinite(relaxation) or relaxation <= 0:
+    (SG steps, from the steps warmup chose: ``SampleBlock.relaxation``; a scalar, one per chain,
+    or a :class:`PredictedRelaxation` whose cause the warning names). Returns the predicted
+    effective sample size per chain of the slowest chain (None when it cannot be predicted: no
+    finite positive time, as after a warmup too short to estimate the noise, which says so)."""
+    cause = ""
+    if isinstance(relaxation, PredictedRelaxation):
+        relaxation, cause = relaxation
+    times = np.asarray(relaxation, float)
+    if times.size == 0 or np.all(np.isnan(times)):
+        return None
+    relaxation = float(np.nanmax(times))
+    if not relaxation > 0:
         return None
     run = num_samples * steps_per_sample
     ess = run / relaxation
     if ess < MIN_PREDICTED_ESS:
-        needed = math.ceil(MIN_PREDICTED_ESS * relaxation / max(num_samples, 1))
+        needed = math.ceil(MIN_PREDICTED_ESS * relaxation / max(num_samples, 1)) if np.isfinite(relaxation) else None
+        steps = "" if needed is None else f" (steps_per_sample={needed:,} gives about {MIN_PREDICTED_ESS} per chain)"
         warnings.warn(
             f"{name}: the steps chosen in warmup make the chain forget its state along its slowest "
             f"direction in about {relaxation:,.0f} SG steps (the integrated autocorrelation time of the "
             f"frozen dynamics), and this run takes num_samples × steps_per_sample = {num_samples:,} × "
             f"{steps_per_sample:,} = {run:,} SG steps per chain: expect an effective sample size near "
-            f"{ess:.2g} per chain, so means and sds off by more than 0.2 posterior sd. Raise num_samples or "
-            f"steps_per_sample (steps_per_sample={needed:,} gives about {MIN_PREDICTED_ESS} per chain), or "
-            "use ConstantSGD(model, preconditioner='full'), whose draws are one relaxation time apart.",
+            f"{ess:.2g} per chain, so means and sds off by more than 0.2 posterior sd. "
+            f"{cause + 'Otherwise raise' if cause else 'Raise'} num_samples or steps_per_sample{steps}, or use "
+            "ConstantSGD(model, preconditioner='full'), whose draws are one relaxation time apart.",
             UserWarning, stacklevel=find_stack_level(),
         )
     return ess
@@ -169,11 +180,15 @@ def warn_hyper_candidates(name, potential, model, model_args, model_kwargs):
             candidates = []
         form = " once its LocScaleReparam sites are centred (as SGWithinGibbs samples them)"
     if candidates:
+        # SGWithinGibbs refuses a support that depends on a site of the other block: not recommended then
+        conflict = None if form else support_conflict(potential, candidates, model_args, model_kwargs)
+        advice = (f"Sample them exactly with SGWithinGibbs({name}(model)), or see docs/hierarchical_models.md for "
+                  "the other routes." if conflict is None else
+                  f"SGWithinGibbs, which samples such sites exactly, refuses this model: {conflict}")
         warnings.warn(
             f"{name}: the sites {candidates} have no observed child in a subsample plate{form} (group-level "
             f"hyperparameters, e.g. a group scale): with the group latents they form a funnel that one frozen "
-            f"preconditioner fits poorly. Sample them exactly with SGWithinGibbs({name}(model)), or see the "
-            "README's 'Hierarchical models' for the other routes.", UserWarning, stacklevel=find_stack_level())
+            f"preconditioner fits poorly. {advice}", UserWarning, stacklevel=find_stack_level())
 
 
 def warn_full_data_steps(name, potential, model_args, model_kwargs):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import random
@@ -21,15 +22,20 @@ from .base import SampleBlock, SGAlgorithm, SGKernel, StepInfo, pick_chain
 from .noise import (
     PRECONDITIONERS,
     apply_preconditioner,
+    curvature_spectrum,
     effective_curvature,
+    fisher_curvature,
     kl_optimal_preconditioner,
     psd_factor,
+    psd_part,
     relaxation_steps,
     resolve_preconditioner,
+    unknown_spectrum,
 )
 from .noise import discrete_time_correction as correction_factor
+from .theory import ar1_autocorrelation_time
 from .validation import check_choice, check_number, check_positive
-from .warmup import WarmupState, check_warmup_options, noise_warmup
+from .warmup import WarmupState, check_warmup_options, noise_warmup, predicted_relaxation
 
 __all__ = ["ConstantSGD", "ConstantSGDState", "constant_sgd", "constant_sgd_step"]
 
@@ -58,6 +64,16 @@ class ConstantSGDState(NamedTuple):
     #: SG steps per returned sample when the kernel chooses them: ⌈N/S⌉, raised at the end of
     #: warmup to the frozen dynamics' relaxation time (:func:`~numpyro_sgd.noise.relaxation_steps`)
     steps_per_sample: jnp.ndarray
+    #: the rates of the frozen recursion's directions, eigenvalues of P A from the diagonal of the
+    #: curvature A ≈ (S/N) Q + Λ⁺ (:class:`~numpyro_sgd.noise.Spectrum`, set at the end of warmup;
+    #: the prediction of the slowest direction's relaxation reads it); empty for ``"full"``, whose
+    #: steps per sample are its relaxation time
+    spectrum: tuple = ()
+
+
+#: the fix the warning names for a direction the scalar or square-root preconditioner leaves frozen
+_FROZEN_FIX = ("Use preconditioner='full' (or 'auto', full up to D = 1000): its steps relax every direction alike, or "
+               "rescale the model's variables (e.g. standardise the predictors) to comparable posterior sds.")
 
 
 def constant_sgd_step(theta, velocity, grad, preconditioner, momentum):
@@ -106,6 +122,7 @@ def constant_sgd(potential, preconditioner="auto", *, step_size=None, momentum=1
             injection=jnp.zeros((d, d) if full else (d,), dtype),
             warmup=warmup.init(theta, num_warmup_steps),
             steps_per_sample=jnp.asarray(potential.steps_per_pass, jnp.int32),
+            spectrum=() if full else unknown_spectrum(dtype),
         )
 
     def warmup_step(rng_key, step, theta, state, oracle):
@@ -136,6 +153,10 @@ def constant_sgd(potential, preconditioner="auto", *, step_size=None, momentum=1
                 hessian = oracle.hessian_estimate(theta)
             steps = relaxation_steps(precond, hessian, potential.steps_per_pass)
             state = state._replace(steps_per_sample=steps)
+        if not full:  # the diagonal of P A: rates P_k A_kk (Mandt Eq. 13's OU process, one per coordinate)
+            curvature = fisher_curvature(summary._replace(prior_curvature=psd_part(summary.prior_curvature)),
+                                         potential.plates)
+            state = state._replace(spectrum=curvature_spectrum(curvature, precond * factor))
         return state._replace(preconditioner=(precond * factor).astype(noise.dtype),
                               step_size=jnp.asarray(eps * factor, noise.dtype), correction=jnp.asarray(c, noise.dtype),
                               noise_cov=noise, injection=injection)
@@ -151,12 +172,27 @@ def constant_sgd(potential, preconditioner="auto", *, step_size=None, momentum=1
         theta, velocity = constant_sgd_step(theta, state.velocity, grad, state.preconditioner, state.momentum)
         return theta, state._replace(velocity=velocity), StepInfo(pe, oracle.batch_size, indices, True)
 
+    def relaxation(state):
+        """The slowest direction of the frozen recursion θ ← θ − P ∇Û_S near the mode, an AR(1) with
+        ρ = 1 − μ_min (:func:`~numpyro_sgd.theory.ar1_autocorrelation_time`), μ_min the smallest rate
+        P_k A_kk. From the diagonal of A, so a lower bound on the time (λ_min(P^½ A P^½) ≤ min_k
+        P_k A_kk): it finds what a scalar or square-root P leaves frozen on badly scaled
+        coordinates, not the slowness of correlations that ``"diag"`` leaves (whose rates spread
+        only between data- and prior-dominated coordinates, a spread not named as frozen). With
+        momentum μ the slow directions are overdamped and relax at the rate μ_min / μ (P includes
+        the factor μ)."""
+        spectrum = jax.tree.map(np.asarray, state.spectrum)
+        steps = ar1_autocorrelation_time(spectrum.lowest / float(momentum))
+        return predicted_relaxation(steps, spectrum, f"of the model's coordinates (preconditioner={preconditioner!r})",
+                                    None if preconditioner == "diag" else _FROZEN_FIX, potential.view)
+
     # the KL-optimal chain forgets its start in about one data pass: P ≈ 2 (Q + A)⁻¹ with
     # Q ≈ (N/S) A gives P A ≈ (2S/N) I, an AR(1) with ρ = 1 − 2S/N whose integrated
     # autocorrelation time (1 + ρ)/(1 − ρ) is ≈ N/S steps (a user ε sets its own time scale);
     # with the full P the end of warmup measures it (misspecified models: several passes)
     block = SampleBlock(steps=potential.steps_per_pass if step_size is None else None,
-                        chosen=(lambda state: state.steps_per_sample) if adapts_steps else None)
+                        chosen=(lambda state: state.steps_per_sample) if adapts_steps else None,
+                        relaxation=None if full else relaxation)
     return SGAlgorithm(init, sample_step, warmup_step=warmup_step, end_warmup=end_warmup, block=block,
                        describe=_describe)
 
@@ -215,6 +251,15 @@ class ConstantSGD(SGKernel):
 
     .. warning:: The diagonal variant at its optimal rate mixes very slowly when the posterior
        is strongly correlated (measured); prefer ``"full"`` there.
+
+    .. note:: **Frozen directions.** The scalar and square-root P contract a coordinate at the rate
+       P_k A_kk per SG step, so on badly scaled coordinates one relaxes far slower than another
+       (predictors in units 10⁻³ and 10³: rates 10¹⁰ (scalar) and 10⁴ (sqrt) apart, sds 0.19× and
+       0.16× the posterior's along the slow one). For every non-full P the end of warmup predicts
+       the slowest coordinate's autocorrelation time, (2 − μ)/μ SG steps at the smallest
+       μ = P_k A_kk (momentum: μ/μ_momentum), and warns during ``mcmc.run`` when the run is under
+       20 of it, naming the coordinate when the rates span more than 100×. From the diagonal of
+       A, it is a lower bound: correlations (the diagonal variant's weakness) are not seen.
 
     **Units of** ``step_size``. Mandt et al.'s ε, a learning rate on the average loss L = U/N: a step is θ ← θ
     − ε B ∇L̂ = θ − (ε/N) B ∇Û_S (Eq. 15), so ε does not grow or shrink with N. Default: the KL-optimal ε* of

@@ -12,15 +12,17 @@ the extension.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import random
 
 from .diffusions import overdamped_langevin, underdamped_langevin
 from .index_chain import X_ESTIMATES, select_minibatch
-from .noise import sghmc_steps, sgld_step_size
+from .noise import curvature_spectrum, sghmc_steps, sgld_step_size, unknown_spectrum
 from .theory import langevin_autocorrelation_time
 from .validation import check_positive
-from .warmup import with_default_steps
+from .warmup import predicted_relaxation, with_default_steps
 
 __all__ = ["sgld_step", "overdamped_ewsg_update", "ewsg_update", "underdamped_minibatch", "check_friction",
            "check_step_size", "with_default_overdamped_step", "with_default_underdamped_steps", "with_predicted_relaxation"]
@@ -103,7 +105,7 @@ def with_default_overdamped_step(algorithm, potential, name, step_size, target_i
 
     def set_steps(state, noise, curvature):  # ε = 4τ / λ_max(Q/T + (1 + τ) A)
         eps = sgld_step_size(noise, curvature, target_inflation, getattr(state, "temperature", 1.0))
-        return state._replace(step_size=eps.astype(state.step_size.dtype))
+        return state._replace(step_size=eps.astype(state.step_size.dtype), spectrum=curvature_spectrum(curvature))
 
     algorithm = with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample, preconditioner)
     return with_predicted_relaxation(algorithm, potential, preconditioner,
@@ -114,9 +116,13 @@ def with_default_underdamped_steps(algorithm, potential, name, step_size, fricti
                                    warmup_options, preconditioner="auto"):
     """SGHMC's and EWSG's algorithm with, when ``step_size`` or ``friction`` is None, the noise
     warmup and the missing ones set at its end by :func:`~numpyro_sgd.noise.sghmc_steps`
-    (γ = 2 √λ_max(A), h = 2τγ / λ_max(Q + 2A)), in the coordinates ``preconditioner`` names (only
-    when both are the kernel's: a given h or γ is in the model's coordinates); the algorithm itself
-    when both are given."""
+    (γ = 2 √λ_max(A), h = 2τγ / λ_max(Q + 2A)), in the coordinates ``preconditioner`` names; the
+    algorithm itself when both are given.
+
+    A given friction γ alone keeps those coordinates (h is then the rule's at that γ, as without
+    it): γ is a rate per unit of Langevin time, and in the curvature's coordinates every direction
+    has the frequency √N, so critical damping there is 2√N whatever the model's units. A given h
+    alone is a step in the model's coordinates (``preconditioner="scalar"``)."""
     if step_size is not None and friction is not None:
         return algorithm
 
@@ -124,28 +130,73 @@ def with_default_underdamped_steps(algorithm, potential, name, step_size, fricti
         h, gamma = sghmc_steps(noise, curvature, target_inflation, friction)
         h = h if step_size is None else state.step_size
         dtype = state.step_size.dtype
-        return state._replace(step_size=h.astype(dtype), friction=gamma.astype(dtype))
+        return state._replace(step_size=h.astype(dtype), friction=gamma.astype(dtype),
+                              spectrum=curvature_spectrum(curvature))
 
-    if step_size is not None or friction is not None:
+    if step_size is not None:
         preconditioner = "scalar"
     algorithm = with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample, preconditioner)
-    return with_predicted_relaxation(algorithm, potential, preconditioner,
-                                     lambda state, a: langevin_autocorrelation_time(state.step_size, a, state.friction))
+
+    def time(state, a):  # the slower of θ's and θ²'s: an underdamped direction forgets its spread last
+        return np.fmax(langevin_autocorrelation_time(state.step_size, a, state.friction),
+                       langevin_autocorrelation_time(state.step_size, a, state.friction, of="square"))
+
+    return with_predicted_relaxation(algorithm, potential, preconditioner, time, underdamped_cause)
 
 
-def with_predicted_relaxation(algorithm, potential, preconditioner, time):
+#: where a Langevin kernel's default steps run, by ``preconditioner``
+_COORDINATES = {"scalar": "of the model's coordinates (preconditioner='scalar')"}
+#: the fix :func:`~numpyro_sgd.warmup.frozen_direction_cause` names, by ``preconditioner`` (in the
+#: curvature's coordinates every curvature is N: a diagonal basis leaves only the correlations, which
+#: its diagonal estimate does not see)
+_FROZEN_FIX = {"scalar": "Use preconditioner='auto' (the default: the steps run in the coordinates of the warmup's "
+                         "curvature, where every direction relaxes alike), or rescale the model's variables (e.g. "
+                         "standardise the predictors) to comparable posterior sds."}
+#: a given friction below this fraction of the least curved direction's critical damping is named
+#: as the cause of a slow chain (its spread then forgets itself at the rate γ only)
+LOW_FRICTION = 0.1
+
+
+def underdamped_cause(state, chain, lowest, coordinates):
+    """The sentence on a friction far below critical damping for SGHMC's and EWSG's prediction
+    (``state``: the kernel state, ``chain`` the slowest chain's index, ``lowest`` its
+    smallest curvature): "" unless γ < :data:`LOW_FRICTION` · 2√λ_min."""
+    gamma, h = (float(np.ravel(x)[chain]) for x in (state.friction, state.step_size))
+    critical = 2.0 * np.sqrt(lowest) if lowest > 0 else np.nan
+    if not gamma < LOW_FRICTION * critical:
+        return ""
+    return (f"The friction γ = {gamma:.3g} is {critical / gamma:.3g}× below the critical damping 2√λ = {critical:.3g} "
+            f"of the least curved direction {coordinates}, where it is measured: the chain oscillates, and its "
+            f"spread forgets itself only at the rate γ, in about 1/(γh) = {1.0 / (gamma * h):,.0f} SG steps. "
+            "Leave friction to the kernel (critical damping of the stiffest direction) or raise it. ")
+
+
+def with_predicted_relaxation(algorithm, potential, preconditioner, time, cause=None):
     """The algorithm whose ``block.relaxation`` predicts, at the end of warmup, the integrated
-    autocorrelation time of its slowest direction: ``time(kernel_state, a)`` (NumPy, on the host)
-    at the curvature a = N of every direction in the coordinates of the warmup's curvature
-    (:class:`~numpyro_sgd.warmup.CurvatureBasis`: Lᵀ A L = N I). In the model's coordinates
-    (``preconditioner="scalar"``) the slowest curvature is not estimated, so nothing is
-    predicted; with a diagonal basis a = N ignores the correlations the basis leaves, and the
-    prediction is a lower bound."""
-    if preconditioner == "scalar":
-        return algorithm
-    n = float(potential.num_data)
+    autocorrelation time of its slowest direction: the larger of ``time(kernel_state, a)`` (NumPy,
+    on the host) at the smallest and the largest curvature a of ``kernel_state.spectrum`` (a
+    :class:`~numpyro_sgd.noise.Spectrum` that ``init`` adds as unknown and the algorithm's
+    ``set_steps`` sets at the end of warmup, in the coordinates the steps run in). In the
+    curvature's full basis (:class:`~numpyro_sgd.warmup.CurvatureBasis`: Lᵀ A L = N I) every
+    curvature is N, and in a diagonal basis every estimated one (its diagonal estimate sees no
+    correlations: the prediction is a lower bound); in the model's coordinates
+    (``preconditioner="scalar"``) they spread, and a spread beyond
+    :data:`~numpyro_sgd.warmup.FROZEN_SPREAD` is named in the warning with the coordinate the
+    slowest direction lies along (:func:`~numpyro_sgd.warmup.predicted_relaxation`).
+    ``cause(state, chain, lowest, coordinates)`` may add a kernel's own sentence
+    (:func:`underdamped_cause`)."""
+    coordinates = _COORDINATES.get(preconditioner, f"of the warmup's curvature (preconditioner={preconditioner!r})")
+    view = potential.view if preconditioner == "scalar" else None  # a full basis mixes θ's coordinates
+    init = algorithm.init
+
+    def init_unknown(rng_key, theta, num_warmup_steps):
+        return init(rng_key, theta, num_warmup_steps)._replace(spectrum=unknown_spectrum(theta.dtype))
 
     def relaxation(state):
-        return time(state, n)
+        spectrum = jax.tree.map(np.asarray, state.spectrum)
+        steps = np.fmax(time(state, spectrum.lowest), time(state, spectrum.highest))
+        more = None if cause is None else (lambda chain, lowest: cause(state, chain, lowest, coordinates))
+        return predicted_relaxation(steps, spectrum, coordinates, _FROZEN_FIX.get(preconditioner), view, more)
 
-    return algorithm._replace(block=algorithm.block._replace(relaxation=relaxation))
+    block = algorithm.block._replace(relaxation=relaxation)
+    return algorithm._replace(init=init_unknown, block=block)

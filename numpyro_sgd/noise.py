@@ -58,6 +58,9 @@ __all__ = [
     "sgld_step_size",
     "sghmc_steps",
     "santa_step_size",
+    "Spectrum",
+    "unknown_spectrum",
+    "curvature_spectrum",
     "relaxation_steps",
     "RELAXATION_SLACK",
     "MAX_PASSES_PER_SAMPLE",
@@ -403,14 +406,53 @@ def sampling_noise(summary, plates, without_replacement=False):
     return sum(q * ((p.size - p.subsample_size) / max(p.size - 1, 1)) for q, p in zip(summary.plate_noise, plates))
 
 
+def _scaled(matrix, scale):
+    """s^½ M s^½ for M of shape (D,) (diagonal) or (D, D) and a diagonal scale s ((D,), a scalar, or None)."""
+    if scale is None:
+        return matrix
+    if matrix.ndim == 1:
+        return matrix * scale
+    root = jnp.sqrt(scale) * jnp.ones(matrix.shape[0], matrix.dtype)
+    return root[:, None] * matrix * root[None, :]
+
+
 def _top_eigenvalue(matrix, scale=None):
     """λ_max(s^½ M s^½) for M of shape (D,) (diagonal) or (D, D) and a diagonal scale s (D,) or None."""
-    if scale is not None:
-        root = jnp.sqrt(scale)
-        matrix = matrix * scale if matrix.ndim == 1 else root[:, None] * matrix * root[None, :]
+    matrix = _scaled(matrix, scale)
     if matrix.ndim == 1:
         return jnp.max(matrix)
     return jnp.linalg.eigvalsh(0.5 * (matrix + matrix.T))[-1]
+
+
+class Spectrum(NamedTuple):
+    """The extreme eigenvalues of the curvature that frozen steps see (A in the coordinates a
+    Langevin kernel's steps run in, G^½ A G^½ with pSGLD's G, P A for ConstantSGD), taken once at
+    the end of warmup; the end-of-warmup prediction of the slowest direction's relaxation reads
+    it (:func:`curvature_spectrum`). NaN (and coordinate −1) until then."""
+
+    #: smallest eigenvalue
+    lowest: jnp.ndarray
+    #: largest eigenvalue
+    highest: jnp.ndarray
+    #: int32 index of the coordinate (of the flat θ, or of the coordinates the steps run in) on
+    #: which the eigenvector of ``lowest`` has its largest component
+    coordinate: jnp.ndarray
+
+
+def unknown_spectrum(dtype):
+    """The :class:`Spectrum` before warmup has estimated the curvature."""
+    nan = jnp.asarray(jnp.nan, dtype)
+    return Spectrum(nan, nan, jnp.asarray(-1, jnp.int32))
+
+
+def curvature_spectrum(matrix, scale=None):
+    """The :class:`Spectrum` of s^½ M s^½: M (D,) diagonal or (D, D) symmetric, s a diagonal scale
+    ((D,), a scalar, or None). O(D³) once (an eigendecomposition) for a full M."""
+    matrix = _scaled(matrix, scale)
+    if matrix.ndim == 1:
+        return Spectrum(jnp.min(matrix), jnp.max(matrix), jnp.argmin(matrix).astype(jnp.int32))
+    values, vectors = jnp.linalg.eigh(0.5 * (matrix + matrix.T))
+    return Spectrum(values[0], values[-1], jnp.argmax(jnp.abs(vectors[:, 0])).astype(jnp.int32))
 
 
 def _positive_or_nan(x):

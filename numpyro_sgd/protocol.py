@@ -50,9 +50,11 @@ class SampleBlock(NamedTuple):
     #: wrapper that needs draws (VariationalEM's λ-step, SGWithinGibbs's φ given z) takes one
     #: returned sample instead or refuses the algorithm
     summarises: bool = False
-    #: ``kernel_state -> float`` (NumPy, on the host, any leading chain axis): the integrated
-    #: autocorrelation time, in SG steps, that the steps chosen at the end of warmup predict for
-    #: the slowest direction (the Langevin kernels' default steps); the driver warns at the end of
+    #: ``kernel_state -> float`` (NumPy, on the host, any leading chain axis), or a
+    #: :class:`~numpyro_sgd.warmup.PredictedRelaxation` (the times and a sentence naming their
+    #: cause): the integrated autocorrelation time, in SG steps, that the steps chosen at the end
+    #: of warmup predict for the slowest direction (the Langevin kernels' default steps,
+    #: ConstantSGD's scalar, diagonal and sqrt preconditioners); the driver warns at the end of
     #: warmup when the run is too short for it. None: not predicted (kernels whose steps per
     #: sample are their relaxation time, which ``steps`` and ``chosen`` already say)
     relaxation: Optional[Callable] = None

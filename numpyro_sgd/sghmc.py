@@ -38,6 +38,8 @@ class SGHMCState(NamedTuple):
     warmup: tuple = ()
     #: the default steps' coordinates, as :attr:`~numpyro_sgd.SGLDState.basis`
     basis: tuple = ()
+    #: the curvature the default steps see, as :attr:`~numpyro_sgd.SGLDState.spectrum`
+    spectrum: tuple = ()
 
 
 def sghmc(potential, step_size=None, friction=None, *, target_inflation=TARGET_INFLATION, subsample="with_replacement",
@@ -89,7 +91,13 @@ class SGHMC(SGKernel):
     With a given step size and friction warmup runs the same dynamics (burn-in).
 
     **Coordinates of the default steps**: as :class:`~numpyro_sgd.SGLD` (``preconditioner``),
-    when both h and γ are the kernel's; the momentum lives in φ.
+    when h is the kernel's; the momentum lives in φ. A ``friction`` given alone is a rate in those
+    coordinates, where every direction has the frequency √N (the curvature of U is N I), so
+    critical damping is γ = 2√N there whatever the model's units (N = 10⁴: 200), and h is the
+    rule's at the given γ. A ``step_size`` given alone is a step in the model's coordinates (the
+    friction is then estimated there). A friction far below critical damping leaves the chain
+    oscillating: its spread forgets itself only at the rate γ, in about 1/(γh) SG steps, and the
+    end of warmup says so when the run is too short for it.
 
     **Default step size and friction** (``step_size=None``, ``friction=None``). Warmup
     (``num_warmup × steps_per_sample`` SG steps) is the noise warmup of
@@ -136,8 +144,7 @@ class SGHMC(SGKernel):
         self._options = dict(step_size=None if step_size is None else float(step_size),
                              friction=None if friction is None else float(friction),
                              target_inflation=check_target_inflation(name, target_inflation), name=name,
-                             preconditioner=check_langevin_preconditioner(
-                                 name, preconditioner, step_size is not None or friction is not None),
+                             preconditioner=check_langevin_preconditioner(name, preconditioner, step_size is not None),
                              **warmup_options)
 
     def _build(self, potential, adapt_steps_per_sample=True):

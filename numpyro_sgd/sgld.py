@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax.numpy as jnp
-import numpy as np
 from jax import random
 
 from .base import SGAlgorithm, SGKernel, StepInfo
@@ -23,7 +22,7 @@ from .langevin import (
     with_default_overdamped_step,
     with_predicted_relaxation,
 )
-from .noise import TARGET_INFLATION, check_target_inflation, sgld_step_size
+from .noise import TARGET_INFLATION, check_target_inflation, curvature_spectrum, sgld_step_size
 from .schedules import check_schedule, robbins_monro
 from .theory import langevin_autocorrelation_time
 from .validation import check_number, check_positive
@@ -47,6 +46,9 @@ class SGLDState(NamedTuple):
     #: the coordinates the default steps run in (:class:`~numpyro_sgd.warmup.CurvatureBasis`, set at
     #: the end of warmup); empty with ``preconditioner="scalar"`` or given steps
     basis: tuple = ()
+    #: extremes of the curvature the default steps see (:class:`~numpyro_sgd.noise.Spectrum`, set at the
+    #: end of warmup; the prediction of the slowest direction's relaxation reads it); empty with given steps
+    spectrum: tuple = ()
 
 
 def sgld(potential, step_size=None, temperature=1.0, *, target_inflation=TARGET_INFLATION,
@@ -107,7 +109,12 @@ class SGLD(SGKernel):
     and the rule below is applied to Lᵀ Q L and Lᵀ A L. The plain kernel needs λ_max/λ_min(A)
     times more steps to forget its start along the least-constrained direction (measured on a
     posterior with correlation −0.99: ESS 5 from 4 chains × 1,000 data passes, against 285 in
-    the curvature's coordinates; ``benchmarks/langevin_defaults.py``).
+    the curvature's coordinates; ``benchmarks/langevin_defaults.py``). In either coordinates the
+    end of warmup predicts the slowest direction's autocorrelation time, ≈ 4/(ε λ_min) SG steps
+    from the warmup's curvature, and warns during ``mcmc.run`` when ``num_samples ×
+    steps_per_sample`` is under 20 of it; with ``"scalar"`` and curvatures more than 100× apart the
+    warning names the coordinate left nearly frozen (predictors in units 10⁻³ and 10³: sds
+    0.006× the posterior's along it).
 
     **Default step size** (``step_size=None``). Warmup (``num_warmup × steps_per_sample`` SG
     steps) is the noise warmup of :class:`~numpyro_sgd.ConstantSGD` (:mod:`numpyro_sgd.warmup`:
@@ -204,6 +211,8 @@ class PSGLDState(NamedTuple):
     warmup: tuple = ()
     #: the default steps' coordinates, as :attr:`~numpyro_sgd.SGLDState.basis`
     basis: tuple = ()
+    #: extremes of G^½ A G^½ at the default steps, as :attr:`~numpyro_sgd.SGLDState.spectrum`
+    spectrum: tuple = ()
 
 
 def psgld_step(rng_key, theta, grad, second_moment, step_size, decay, damping, num_data, started):
@@ -254,15 +263,13 @@ def psgld(potential, step_size=None, decay=0.99, damping=1e-5, *, target_inflati
         precond = 1.0 / (state.damping + jnp.sqrt(second))
         eps = sgld_step_size(noise, curvature, target_inflation, preconditioner=precond)
         return state._replace(second_moment=second.astype(state.second_moment.dtype),
-                              step_size=eps.astype(state.step_size.dtype), started=jnp.array(True))
+                              step_size=eps.astype(state.step_size.dtype), started=jnp.array(True),
+                              spectrum=curvature_spectrum(curvature, precond))  # of G^½ A G^½, G as set here
 
     algorithm = with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample, preconditioner)
-
-    def relaxation(state, a):  # SGLD's along the direction whose G is smallest (G as set above)
-        g = 1.0 / (np.asarray(state.damping)[..., None] + np.sqrt(np.asarray(state.second_moment)))
-        return langevin_autocorrelation_time(np.asarray(state.step_size) * np.min(g, axis=-1), a)
-
-    return with_predicted_relaxation(algorithm, potential, preconditioner, relaxation)
+    # SGLD's AR(1) in the coordinates of G (G held at its value near the mode)
+    return with_predicted_relaxation(algorithm, potential, preconditioner,
+                                     lambda state, a: langevin_autocorrelation_time(state.step_size, a))
 
 
 class PSGLD(SGKernel):

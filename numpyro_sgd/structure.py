@@ -10,18 +10,24 @@ subsample, and their N and S, is the potential's (:class:`~numpyro_sgd.potential
 
 from __future__ import annotations
 
+import warnings
+
+import jax
 import jax.numpy as jnp
 import numpyro
 import numpyro.distributions as dist
 from numpyro import handlers
-from numpyro.infer.initialization import init_to_uniform
+from numpyro.distributions import biject_to
+from numpyro.infer.initialization import init_to_sample, init_to_uniform
 from numpyro.infer.inspect import get_dependencies
 from numpyro.infer.reparam import LocScaleReparam
+from numpyro.ops.provenance import eval_provenance
 from numpyro.primitives import Messenger
 
 from .potential import SubsampledPotential, as_jax_args
 
-__all__ = ["centre_loc_scale", "hyper_candidates", "prior_dependencies", "latent_parents_of_data", "classify_sites"]
+__all__ = ["centre_loc_scale", "hyper_candidates", "prior_dependencies", "latent_parents_of_data", "classify_sites",
+           "support_parents", "support_conflict"]
 
 
 class _WithoutLocScale:
@@ -191,3 +197,69 @@ def classify_sites(potential, model_args, model_kwargs, deps=None):
     observed = [o for sites in potential.observed.values() for o in sites]
     parents = latent_parents_of_data(deps, observed)
     return sorted(n for n in potential.view.names if n not in parents), parents
+
+
+def support_parents(model, model_args, model_kwargs, sites):
+    """``{site: latent sites its support depends on}`` for the latent ``sites`` of ``model``.
+
+    A support such as ``Uniform(0, a)``'s interval (0, a) has parameters; the site's bijection to
+    the support (NumPyro's ``biject_to``) then moves when they do. The dependence is read as
+    NumPyro's ``get_dependencies`` reads a log density's: the provenance (JAX's abstract
+    interpretation, ``numpyro.ops.provenance``) of the unconstrained value ``biject_to(support)⁻¹(x)``
+    of each site, with every latent value tracked (one trace of the model, no array computation);
+    the site itself is left out. A support with constant parameters (``TruncatedNormal(μ, σ,
+    low=0)``) depends on no site.
+    """
+    args, kwargs = as_jax_args((model_args, model_kwargs))
+    seeded = handlers.seed(model, 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tr = handlers.trace(handlers.substitute(seeded, substitute_fn=init_to_sample)).get_trace(*args, **kwargs)
+    values = {k: v["value"] for k, v in tr.items() if v["type"] == "sample" and not v["is_observed"]}
+
+    def unconstrained(**latent):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            traced = handlers.trace(handlers.substitute(seeded, data=latent)).get_trace(*args, **kwargs)
+        return {k: biject_to(traced[k]["fn"].support).inv(traced[k]["value"]) for k in sites}
+
+    provenance = eval_provenance(unconstrained, **values)
+    return {k: sorted(frozenset().union(*jax.tree.leaves(provenance[k])) - {k}) for k in sites}
+
+
+def support_conflict(potential, hyper, model_args, model_kwargs):
+    """Why SGWithinGibbs cannot split the model into the blocks ``hyper`` and the rest, with the
+    fix (a sentence for an error or a warning), or None: an SG-sampled site whose support depends
+    on a hyper site, or a hyper site whose support depends on another latent site
+    (:func:`support_parents`).
+
+    The SG kernel moves a site's unconstrained coordinate u, with x = T_φ(u); where T depends on
+    φ, the φ step holds u (not x) fixed, so φ reaches the data through x and its update cannot
+    leave the data out; and the inner kernel's noise in u changes with φ. A hyper site held at its
+    value while a site its support depends on moves in the other block may leave its support.
+    """
+    parents = support_parents(potential.model, model_args, model_kwargs, potential.view.names)
+    for site in potential.view.names:
+        ups = [p for p in parents[site] if p in hyper or site in hyper]
+        if not ups:
+            continue
+        up = ups[0]
+        fix = (f"Reparameterise so that the support of '{site}' is fixed, e.g. for '{site}' ~ "
+               f"Uniform(0, {up}) sample u ~ Uniform(0, 1) and set {site} = numpyro.deterministic('{site}', {up} * u)")
+        if site not in hyper:
+            return (f"the support of the SG site '{site}' depends on the hyper site '{up}': the SG kernel moves the "
+                    f"unconstrained coordinate of '{site}', which maps to another value of '{site}' whenever '{up}' "
+                    f"moves, so '{up}' reaches the data through it and its data-free update is wrong (measured on "
+                    "a ~ HalfNormal(3), b ~ Uniform(0, a): b 1.57 ± 1.17 where the data pin it at 1.95 ± 0.03). "
+                    f"{fix} ('{up}' then reaches the data through '{site}' and the SG kernel samples it); or run the "
+                    "plain kernel (e.g. ConstantSGD(model)) or NUTS on this model.")
+        if up in hyper:
+            why = (f"the SG steps are given '{site}' through its support's bijection at the initial point, which "
+                   f"maps to another '{site}' once '{up}' moves (measured on a ~ HalfNormal(3), c ~ Uniform(0, a) as "
+                   "a group scale: c 0.005 ± 0.05 against NUTS's 1.08 ± 0.32)")
+        else:
+            why = (f"the SG steps move '{up}' with '{site}' held fixed, which can take '{site}' out of its support "
+                   "(NumPyro's densities do not check their support)")
+        return (f"the support of the hyper site '{site}' depends on the {'hyper' if up in hyper else 'SG'} site "
+                f"'{up}': {why}. {fix}; or use NUTS on this model.")
+    return None

@@ -10,7 +10,8 @@ import numpy as np
 import scipy.linalg
 
 __all__ = ["lyapunov_covariance", "as_matrix", "iterate_average_covariance", "iasg_covariance", "window_error",
-           "averaged_variance_shortfall", "iasg_validity", "langevin_autocorrelation_time"]
+           "averaged_variance_shortfall", "iasg_validity", "ar1_autocorrelation_time",
+           "langevin_autocorrelation_time"]
 
 
 def as_matrix(precond, dim):
@@ -154,18 +155,38 @@ def iasg_validity(step_size, window, eig_min, eig_max):
             "stiff_error": float(averaged_variance_shortfall(eps * hi, t))}
 
 
-def langevin_autocorrelation_time(step_size, curvature, friction=None):
+def ar1_autocorrelation_time(rate):
+    """Integrated autocorrelation time, in steps, of an AR(1) that keeps ρ = 1 − μ of its state per
+    step (``rate`` μ): τ = (1 + ρ)/(1 − ρ) = (2 − μ)/μ ≈ 2/μ for a small rate. Near the mode this
+    is each eigendirection of the frozen SGD recursion θ ← θ − P ∇Û_S, μ an eigenvalue of P A_U
+    (Mandt et al. Sec. 3: the Ornstein–Uhlenbeck process of Eq. 13 in discrete time). Broadcasts;
+    ``inf`` where ρ is outside (−1, 1) (no contraction), NaN for a NaN rate."""
+    rho = 1.0 - np.asarray(rate, float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tau = (1.0 + rho) / (1.0 - rho)
+    return np.where(np.abs(rho) < 1.0, tau, np.where(np.isnan(rho), np.nan, np.inf))
+
+
+def langevin_autocorrelation_time(step_size, curvature, friction=None, of="theta"):
     """Integrated autocorrelation time, in SG steps, of θ along a direction of curvature a under a
     constant-step Langevin recursion (the linear recursion near the mode, its injected noise only;
     the minibatch noise, a fraction of it at the default steps, is left out):
 
     * overdamped (SGLD, Welling & Teh Eq. 4): θ' = (1 − ε a/2) θ + √ε ξ, an AR(1) with
-      ρ = 1 − ε a/2, so τ = (1 + ρ)/(1 − ρ);
+      ρ = 1 − ε a/2, so τ = (1 + ρ)/(1 − ρ) (:func:`ar1_autocorrelation_time`);
     * underdamped (SGHMC, EWSG paper Eq. 3, unit mass, ``friction`` γ): x' = M x + w for
       x = (θ, r), M = [[1, h], [−h a, 1 − h γ]], Cov w = diag(0, 2γh). With Σ the stationary
       covariance (Σ = M Σ Mᵀ + Cov w) the autocovariances are Mᵏ Σ, so
       τ = [(I − M)⁻¹ (I + M) Σ]_θθ / Σ_θθ, exact also near critical damping and for oscillating
       modes.
+
+    ``of="square"``: the time of θ² instead, i.e. how long the chain takes to forget its spread.
+    For the Gaussian stationary law Corr(θ₀², θ_k²) = ρ_k² (ρ_k the autocorrelation of θ), so
+    τ = 2 Σ_{k≥0} ρ_k² − 1, where Σ_k ρ_k² Σ_θθ² = X_θθ with X = M X Mᵀ + (Σ e_θ)(Σ e_θ)ᵀ (a
+    discrete Lyapunov equation); overdamped, (1 + ρ²)/(1 − ρ²). It exceeds θ's time for an
+    underdamped direction (γ² < 4a): there the oscillations cancel in θ's sum (τ ≈ 2γ/(h a),
+    small for a small γ) while the amplitude forgets itself only at the rate of the friction
+    (τ ≈ 1/(γ h)), so θ's time alone would promise a chain that never forgets its spread.
 
     Broadcasts over arrays (e.g. one step size per chain). ``inf`` where the recursion does not
     contract, NaN for a NaN step.
@@ -173,9 +194,7 @@ def langevin_autocorrelation_time(step_size, curvature, friction=None):
     eps, a = np.asarray(step_size, float), np.asarray(curvature, float)
     if friction is None:
         rho = 1.0 - eps * a / 2.0
-        with np.errstate(divide="ignore", invalid="ignore"):
-            tau = (1.0 + rho) / (1.0 - rho)
-        return np.where(np.abs(rho) < 1.0, tau, np.where(np.isnan(rho), np.nan, np.inf))
+        return ar1_autocorrelation_time(1.0 - rho**2 if of == "square" else 1.0 - rho)
     h, a, gamma = np.broadcast_arrays(eps, a, np.asarray(friction, float))
     out = np.empty(h.shape)
     for index in np.ndindex(h.shape):
@@ -186,5 +205,10 @@ def langevin_autocorrelation_time(step_size, curvature, friction=None):
             out[index] = np.inf
         else:
             sigma = scipy.linalg.solve_discrete_lyapunov(m, np.diag([0.0, 2.0 * gamma[index] * h[index]]))
-            out[index] = np.linalg.solve(np.eye(2) - m, (np.eye(2) + m) @ sigma)[0, 0] / sigma[0, 0]
+            if of == "square":
+                column = sigma[:, :1]
+                x = scipy.linalg.solve_discrete_lyapunov(m, column @ column.T)
+                out[index] = 2.0 * x[0, 0] / sigma[0, 0] ** 2 - 1.0
+            else:
+                out[index] = np.linalg.solve(np.eye(2) - m, (np.eye(2) + m) @ sigma)[0, 0] / sigma[0, 0]
     return out if out.shape else float(out)

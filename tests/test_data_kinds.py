@@ -27,7 +27,8 @@ from numpyro_sgd import ConstantSGD, SGWithinGibbs, check_run, loo_subsample, to
 pd = pytest.importorskip("pandas")
 
 # the conformance file's kernels (--import-mode=importlib puts no test folder on sys.path)
-_spec = importlib.util.spec_from_file_location("conformance", pathlib.Path(__file__).parent / "test_mcmc_conformance.py")
+_spec = importlib.util.spec_from_file_location("conformance",
+                                               pathlib.Path(__file__).parent / "test_mcmc_conformance.py")
 conformance = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(conformance)
 

@@ -16,6 +16,7 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import pytest
+import scipy.linalg
 import scipy.signal
 from numpyro.distributions import constraints
 from numpyro.infer import MCMC
@@ -183,15 +184,20 @@ def test_without_warmup_no_step_is_taken_silently(small_linreg, kernel_cls):
 
 
 def test_one_friction_given_the_other_estimated(small_linreg):
-    """SGHMC with only γ given: h comes from the rule at that γ; with only h given, γ = 2 √λ_max(A)."""
+    """SGHMC with only γ given: h comes from the rule at that γ, in the coordinates of the curvature
+    (where the default steps run: a given friction keeps them); with only h given, γ = 2 √λ_max(A)
+    in the model's coordinates (a given step is a step there)."""
     q, a = _exact(small_linreg)
-    for given, field in ((dict(friction=50.0), "step_size"), (dict(step_size=1e-4), "friction")):
+    basis = curvature_basis(a, True, small_linreg.n)
+    for given, field, (qc, ac) in ((dict(friction=50.0), "step_size", (basis.express(q), basis.express(a))),
+                                   (dict(step_size=1e-4), "friction", (q, a))):
         mcmc = MCMC(SGHMC(small_linreg.model, **given), num_warmup=300, num_samples=2, progress_bar=False)
         with warnings.catch_warnings():
             warnings.simplefilter("error")
+            warnings.filterwarnings("ignore", message=".*forget its state")  # 2 draws: the short-run warning
             mcmc.run(jax.random.key(0), *small_linreg.args)
         ks = mcmc.last_state.kernel_state
-        h, gamma = sghmc_steps(q, a, friction=given.get("friction"))
+        h, gamma = sghmc_steps(qc, ac, friction=given.get("friction"))
         expected = {"step_size": h, "friction": gamma}
         assert float(getattr(ks, next(iter(given)))) == next(iter(given.values()))
         np.testing.assert_allclose(float(getattr(ks, field)), float(expected[field]), rtol=0.3)
@@ -340,3 +346,57 @@ def test_the_prediction_reads_through_a_wrapper(problem):
     mcmc = MCMC(VariationalEM(SGLD(with_param)), num_warmup=NUM_WARMUP, num_samples=100, progress_bar=False)
     with pytest.warns(UserWarning, match="forget its state"):
         mcmc.run(jax.random.key(0), *problem.args)
+
+
+#: predictors in units 1, 10 and 0.1, correlated (issue 44): the curvature spans a factor ≈ 10⁴
+SCALED = dict(n=10_000, d=3, s=100, rho=0.5, scales=[1.0, 10.0, 0.1], seed=0)
+
+
+def test_a_given_friction_keeps_the_curvature_coordinates(make_linreg):
+    """SGHMC with only the friction given keeps the coordinates of the warmup's curvature (issue 44:
+    in the model's coordinates it picked h = 2·10⁻⁹ and left sds 0.28–1.0× the posterior's, means up
+    to 1.3 sd off, and said nothing). The warmup is the default's (same key), so h is the rule's
+    2τγ/λ_max(Q + 2A) in the same coordinates: h/γ equals the default's. There every curvature is
+    N = 10⁴, so γ = 1 is 200× below critical damping (2√N = 200, the default γ): the chain's
+    spread forgets itself only in ≈ 1/(γh) ≈ 5·10⁶ SG steps (the time of θ², which the prediction
+    now takes), and the run of 1,000 SG steps warns, naming the friction and the fix."""
+    problem = make_linreg(**SCALED)
+    states, messages = {}, {}
+    for friction in (None, 1.0):
+        mcmc = MCMC(SGHMC(problem.model, friction=friction), num_warmup=1_000, num_samples=1_000, progress_bar=False)
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            mcmc.run(jax.random.key(0), *problem.args)
+        states[friction] = mcmc.last_state.kernel_state
+        messages[friction] = [str(w.message) for w in record if "forget its state" in str(w.message)]
+    default, given = states[None], states[1.0]
+    assert not np.allclose(np.asarray(given.basis.scale), np.eye(problem.d))  # the curvature's coordinates
+    assert float(given.friction) == 1.0
+    np.testing.assert_allclose(float(given.step_size), float(default.step_size / default.friction), rtol=1e-9)
+    assert not any("The friction" in m for m in messages[None])  # the default is critically damped
+    assert len(messages[1.0]) == 1 and re.search(
+        r"The friction γ = 1 is 200× below the critical damping 2√λ = 200 of the least curved direction of the "
+        r"warmup's curvature .* in about 1/\(γh\) = [\d,]+ SG steps\. Leave friction to the kernel", messages[1.0][0])
+
+
+def test_the_spread_of_an_underdamped_chain_forgets_itself_at_the_rate_of_the_friction():
+    """``of="square"``: the integrated autocorrelation time of θ², 2 Σ_k ρ_k² − 1, against the sum
+    of the exact autocorrelations ρ_k = [Mᵏ Σ]_θθ / Σ_θθ of the underdamped recursion; its limits
+    1/(γh) (γ² ≪ 4a) and (1 + ρ²)/(1 − ρ²) (overdamped AR(1)); and θ's own time, which for a weakly
+    damped direction is far shorter (≈ 2γ/(ha)): the oscillations cancel in θ's sum, not in θ²'s."""
+    h, a = 1e-4, 1e4  # h a < γ: the Euler recursion contracts
+    for gamma in (20.0, 200.0, 2_000.0):
+        m = np.array([[1.0, h], [-h * a, 1.0 - h * gamma]])
+        sigma = scipy.linalg.solve_discrete_lyapunov(m, np.diag([0.0, 2 * gamma * h]))
+        rho, power = [], np.eye(2)
+        for _ in range(100_000):  # |eigenvalues| ≤ 1 − min(γh/2, ha/γ): ρ_k² below 10⁻¹⁰ long before the end
+            rho.append((power @ sigma)[0, 0] / sigma[0, 0])
+            power = m @ power
+        direct = 2 * np.sum(np.square(rho)) - 1
+        assert np.isclose(langevin_autocorrelation_time(h, a, gamma, of="square"), direct, rtol=1e-6), gamma
+    # weak damping: 1/(γh) up to relative corrections of order γ²/a = 0.0025 and h a/γ = 0.002
+    h, gamma = 1e-6, 5.0
+    assert np.isclose(langevin_autocorrelation_time(h, a, gamma, of="square"), 1 / (gamma * h), rtol=0.01)
+    assert langevin_autocorrelation_time(h, a, gamma) < 0.01 * langevin_autocorrelation_time(h, a, gamma, of="square")
+    rho = 1 - h * a / 2 / 100
+    assert np.isclose(langevin_autocorrelation_time(h, a / 100, of="square"), (1 + rho**2) / (1 - rho**2))

@@ -268,6 +268,17 @@ def test_plain_kernel_on_a_hierarchical_model_warns(data):
     assert not [w for w in record if "no observed child" in str(w.message)]
 
 
+def test_plain_kernel_does_not_recommend_sg_within_gibbs_where_it_refuses():
+    """The plain kernel's hyper-site warning on b ~ Uniform(0, a) (a a hyper site) says that
+    SGWithinGibbs refuses the model, and why, instead of recommending it."""
+    y = jnp.asarray(np.random.default_rng(0).normal(1.95, 1.0, 1000))
+    with pytest.warns(UserWarning, match=r"\['a'\] have no observed child.*SGWithinGibbs, which samples such sites "
+                                         r"exactly, refuses this model: the support of the SG site 'b' depends on "
+                                         r"the hyper site 'a'") as record:
+        ConstantSGD(bounded_by_hyper).init(jax.random.key(0), 0, None, (y,), {})
+    assert not [w for w in record if "Sample them exactly with SGWithinGibbs" in str(w.message)]
+
+
 def raw_units(g, y):
     mu = numpyro.sample("mu", dist.Normal(0.0, 1000.0))
     tau = numpyro.sample("tau", dist.HalfNormal(100.0))
@@ -490,6 +501,6 @@ def test_a_support_that_depends_on_the_other_block_is_refused(data, model, match
 def test_support_parents(data, model, expected):
     """Only a support whose parameters are computed from latent sites has parents: the constant
     bound of a TruncatedNormal does not depend on its loc and scale."""
-    from numpyro_sgd.gibbs import support_parents
+    from numpyro_sgd.structure import support_parents
 
     assert support_parents(model, data, {}, list(expected)) == expected

@@ -6,14 +6,19 @@ promises (its type and its distinctive words); where a check could fire on every
 input beside it must pass. The other rows are tested where their feature is (the list at the end
 of ``docs/robustness.md``). Most checks here raise at construction or at ``init``, before any
 sampling; the runs are a few dozen SG steps on at most 1,000 rows.
+
+``test_every_row_of_the_robustness_page_has_tests_that_exist`` (at the end) keeps the page true:
+every table row maps, in ``ROW_TESTS``, to the tests that check its promise, and those must exist.
 """
 
+import ast
 import os
 import re
 import subprocess
 import sys
 import textwrap
 import warnings
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -72,19 +77,33 @@ def test_numpy_array_closed_over_and_indexed_by_the_plate_names_cause_and_fix():
     assert isinstance(info.value.__cause__, jax.errors.TracerArrayConversionError)  # raised `from` JAX's error
 
 
-def test_unbatched_scalar_init_params_with_vectorized_chains_stop_in_numpyro():
-    """The row says what happens when the first site is a scalar: NumPyro's MCMC.run reads the
-    leading dimension of init_params itself and raises IndexError before the kernel is called (the
-    kernel's own message, for a site with a dimension, is tested in test_input_errors.py)."""
-    def scalar_site(Y):
-        m = numpyro.sample("m", dist.Normal(0, 1))
-        with numpyro.plate("data", Y.shape[0], subsample_size=50) as idx:
-            numpyro.sample("y", dist.Normal(m, 1.0), obs=Y[idx])
+def location_scale(Y):
+    mu = numpyro.sample("mu", dist.Normal(0, 1))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(1))
+    with numpyro.plate("data", Y.shape[0], subsample_size=50) as idx:
+        numpyro.sample("y", dist.Normal(mu, sigma), obs=Y[idx])
 
-    kernel = ConstantSGD(scalar_site)
-    mcmc = MCMC(kernel, num_warmup=10, num_samples=5, num_chains=2, chain_method="vectorized", progress_bar=False)
-    with pytest.raises(IndexError, match="tuple index out of range"):
-        mcmc.run(jax.random.key(0), Y, init_params={"m": jnp.asarray(0.0)})
+
+@pytest.mark.parametrize("sampled, args, num_chains, chain_method, init_params, error, match", [
+    (location_scale, (Y,), 2, "vectorized", {"mu": 0.5, "sigma": 1.0}, IndexError, "tuple index out of range"),
+    (location_scale, (Y,), 2, "sequential", {"mu": 0.5, "sigma": 1.0}, IndexError, "tuple index out of range"),
+    (model, (X, Y), 3, "vectorized", {"w": jnp.zeros(2)}, ValueError,
+     "`init_params` must have the same leading dimension as `num_chains`"),
+], ids=["scalar-first-vectorized", "scalar-first-sequential", "leading-dimension-not-num-chains"])
+def test_unbatched_init_params_with_several_chains_stop_in_numpyro(sampled, args, num_chains, chain_method,
+                                                                   init_params, error, match):
+    """The row says what happens before the kernel can look (issue 44): NumPyro's MCMC.run reads
+    the leading dimension of the first leaf of init_params (numpyro/infer/mcmc.py, MCMC.run,
+    ``jnp.shape(prototype_init_val)[0]``) for any chain_method with num_chains > 1, and raises
+    before it calls the kernel's init: IndexError for a scalar there, its own ValueError for
+    another leading dimension than num_chains. NumPyro calls no kernel method with init_params
+    before that line, so the kernel cannot intercept it (the kernel's own message, for a first
+    site whose leading dimension is num_chains, is tested in test_input_errors.py)."""
+    kernel = ConstantSGD(sampled)
+    mcmc = MCMC(kernel, num_warmup=10, num_samples=5, num_chains=num_chains, chain_method=chain_method,
+                progress_bar=False)
+    with pytest.raises(error, match=re.escape(match)):
+        mcmc.run(jax.random.key(0), *args, init_params=init_params)
     assert not kernel.is_initialized  # NumPyro raised before calling the kernel
 
 
@@ -396,3 +415,221 @@ def test_loo_of_exact_draws_on_clean_data_does_not_warn():
             res = loo_subsample(kernel, _draws(mean, np.sqrt(var)), model_args=args, posterior_correction=correction,
                                 observations=np.arange(4))
             assert np.all(res.pareto_k <= res.good_k), res.pareto_k
+
+
+# ---------------------------------------------------------------------------- the page itself
+ROBUSTNESS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "robustness.md"
+TESTS_DIR = Path(__file__).resolve().parent
+
+#: a stable prefix of each table row's first cell (the check, or the function) -> the tests that
+#: give the row's bad input and match its message ("file::function"; issue 44)
+ROW_TESTS = {
+    # at construction
+    "argument types and ranges": [
+        "test_constant_sgd.py::test_bad_arguments", "test_sgld.py::test_bad_arguments",
+        "test_baselines.py::test_bad_arguments", "test_ewsg.py::test_bad_arguments", "test_iasg.py::test_bad_arguments",
+        "test_sgfs.py::test_bad_arguments", "test_driver.py::test_bad_subsample_size",
+        "test_default_steps.py::test_target_inflation_validated", "test_vem.py::test_bad_input",
+        "test_robustness_table.py::test_warmup_passes_out_of_range_names_the_range"],
+    "a numeric argument given as a string": [
+        "test_input_errors.py::test_numeric_argument_given_as_string_is_a_type_error",
+        "test_input_errors.py::test_ewsgvr_and_vem_string_arguments",
+        "test_input_errors.py::test_numpy_scalars_are_accepted_as_python_values",
+        "test_input_errors.py::test_float_subsample_size_of_the_kernel_suggests_the_int"],
+    "an argument after `model`": ["test_vocabulary.py::test_arguments_after_the_model_are_keyword_only"],
+    "warmup options given with a user step size": ["test_default_steps.py::test_warmup_options_need_the_default_step"],
+    "`SGFS(step_size=...)` without `max_step`": [
+        "test_options_exports.py::test_sgfs_step_size_without_max_step_is_refused"],
+    "an SGLD `step_size` schedule": ["test_options_exports.py::test_non_positive_step_size_schedule_is_refused",
+                                     "test_options_exports.py::test_valid_schedules_pass_the_check"],
+    # at init
+    "the model has no subsample plate": ["test_potential.py::test_bad_models_fail_at_init",
+                                         "test_input_errors.py::test_model_without_a_continuous_latent_is_refused"],
+    "a plate declared with a non-integer `subsample_size`": [
+        "test_input_errors.py::test_float_subsample_size_in_the_plate_is_named"],
+    "the kernel's `subsample_size` ≥ N": [
+        "test_input_errors.py::test_kernel_subsample_size_equal_to_n_is_full_batch"],
+    "a pandas `DataFrame`/`Series`": ["test_input_errors.py::test_pandas_arguments_are_refused_with_the_fix"],
+    "a `numpyro.param` initialised outside its constraint": [
+        "test_input_errors.py::test_param_initialised_outside_its_constraint"],
+    "the model calls NumPy or Python on a traced value": [
+        "test_input_errors.py::test_numpy_logic_on_a_traced_argument_names_cause_and_fix",
+        "test_robustness_table.py::test_numpy_array_closed_over_and_indexed_by_the_plate_names_cause_and_fix"],
+    "`init_params` of the wrong shape": ["test_input_errors.py::test_bad_init_params_name_the_site_and_shapes",
+                                         "test_input_errors.py::test_unbatched_init_params_for_vectorized_chains",
+                                         "test_input_errors.py::test_list_init_params_are_converted"],
+    "rows that look ordered": ["test_minibatch_law.py::test_ordered_rows_are_detected_and_the_default_falls_back"],
+    "`cluster_size` that does not divide S": ["test_minibatch_law.py::test_cluster_size_errors_name_the_fix"],
+    "a plate whose minibatch is half its data or more": [
+        "test_run_checks.py::test_minibatch_near_full_data_is_refused_or_warned"],
+    "a minibatch between a quarter and a half": [
+        "test_run_checks.py::test_minibatch_near_full_data_is_refused_or_warned"],
+    "a subsample plate with fewer than 100 rows": [
+        "test_run_checks.py::test_minibatch_near_full_data_is_refused_or_warned"],
+    "a plate declares `subsample_size` equal to its size N": [
+        "test_driver.py::test_subsample_size_equal_to_n_is_named"],
+    "a site inside a subsample plate whose shape does not broadcast": [
+        "test_input_errors.py::test_model_that_does_not_index_its_data_by_the_plate_names_the_plate"],
+    "`mesh=` with `chain_method=\"parallel\"`": [
+        "test_input_errors.py::test_mesh_with_parallel_chains_is_refused_with_the_fix"],
+    "unbatched `init_params`": [
+        "test_robustness_table.py::test_unbatched_init_params_with_several_chains_stop_in_numpyro",
+        "test_input_errors.py::test_unbatched_init_params_for_vectorized_chains"],
+    "the kernel's `subsample_size` for a model without subsample plates": [
+        "test_driver.py::test_subsampling_a_full_plate_needs_one_answer",
+        "test_input_errors.py::test_model_without_any_plate_and_a_kernel_subsample_size_is_refused_at_once",
+        "test_minibatch_law.py::test_a_model_that_keeps_all_rows_is_named_when_s_is_given"],
+    "a plate larger than the data it indexes": ["test_driver.py::test_plate_larger_than_the_data_is_refused"],
+    "NaN or inf data": ["test_driver.py::test_non_finite_data_are_named_before_sampling"],
+    "the potential is not finite at the initial point": [
+        "test_input_errors.py::test_non_finite_initial_potential_is_refused_before_sampling"],
+    "`init_params` lacking latent sites": ["test_input_errors.py::test_init_params_lacking_a_site_name_it"],
+    "`chain_method=\"parallel\"` with NumPy data": ["test_input_errors.py::test_parallel_chains_with_numpy_data"],
+    "warmup longer than the int32 step counter": [
+        "test_driver.py::test_warmup_beyond_the_int32_step_counter_is_refused"],
+    "a minibatch gradient that does O(N) work": ["test_driver.py::test_a_step_that_touches_all_n_rows_warns"],
+    "an explicit `steps_per_sample` below a tenth": [
+        "test_constant_sgd.py::test_steps_per_sample_far_below_relaxation_warns",
+        "test_robustness_table.py::test_sgfs_steps_per_sample_far_below_relaxation_warns"],
+    "more than 32 MiB of model arguments": ["test_compile_once.py::test_large_closed_over_data_warns_with_the_fix"],
+    "IASG: a window shorter than its theory needs": [
+        "test_iasg.py::test_short_window_warns", "test_iasg.py::test_window_other_than_one_pass_warns_with_the_scale"],
+    "the model has hyperparameter sites": ["test_gibbs.py::test_plain_kernel_on_a_hierarchical_model_warns",
+                                           "test_gibbs.py::test_plain_kernel_does_not_recommend_sg_within_gibbs_where_it_refuses"],
+    "`SGWithinGibbs`: a group latent's element that no row reads": [
+        "test_gibbs.py::test_groups_with_no_rows_or_few_rows_are_named_at_init",
+        "test_gibbs.py::test_few_rows_per_group_per_minibatch_warns"],
+    "`SGWithinGibbs`: an unknown hyper site": [
+        "test_gibbs.py::test_bad_hyper_sites_raise_before_compute",
+        "test_robustness_table.py::test_sg_within_gibbs_with_every_latent_a_hyper_site_is_refused",
+        "test_robustness_table.py::test_sg_within_gibbs_around_iasg_is_refused"],
+    "`SGWithinGibbs`: a support that depends on a site of the other block": [
+        "test_gibbs.py::test_a_support_that_depends_on_the_other_block_is_refused",
+        "test_gibbs.py::test_support_parents"],
+    "`mesh=`: the mesh lacks `mesh_axis`": [
+        "test_robustness_table.py::test_mesh_that_the_data_parallel_step_cannot_use_is_refused",
+        "test_robustness_table.py::test_mesh_with_an_ewsg_kernel_is_refused_at_construction",
+        "test_robustness_table.py::test_mesh_over_devices_that_do_not_divide_n_or_s_is_refused"],
+    "data sharded over several devices but compiled into the loop": [
+        "test_devices.py::test_parallel_chains_and_sharded_constants_on_two_devices"],
+    # at the end of warmup
+    "ConstantSGD-full with `steps_per_sample` left unset": [
+        "test_constant_sgd.py::test_default_steps_per_sample_follow_a_misspecified_model"],
+    "a noise warmup of fewer than 20 SG steps": [
+        "test_bad_input_messages.py::test_one_warmup_step_warns_that_the_kernel_samples_from_a_rough_estimate",
+        "test_bad_input_messages.py::test_no_warmup_warns_that_every_step_is_rejected",
+        "test_bad_input_messages.py::"
+        "test_a_short_warmup_whose_window_holds_no_refresh_step_warns_that_every_step_is_rejected",
+        "test_constant_sgd.py::test_short_warmup_warns",
+        "test_constant_sgd.py::test_without_warmup_no_step_is_taken_silently",
+        "test_default_steps.py::test_without_warmup_no_step_is_taken_silently"],
+    "IASG: step size and window outside the validity window": [
+        "test_iasg.py::test_step_size_outside_validity_window_warns"],
+    "SGLD, PSGLD, SGHMC, EWSG, OverdampedEWSG with their default steps": [
+        "test_default_steps.py::test_a_run_too_short_for_the_chosen_steps_warns_at_the_end_of_warmup",
+        "test_default_steps.py::test_a_long_enough_run_does_not_warn",
+        "test_frozen_directions.py::test_a_direction_the_steps_leave_frozen_is_named_at_the_end_of_warmup",
+        "test_frozen_directions.py::test_steps_that_relax_every_coordinate_alike_do_not_warn",
+        "test_frozen_directions.py::test_the_predicted_relaxation_of_the_scalar_preconditioner_is_the_measured_one",
+        "test_default_steps.py::test_a_given_friction_keeps_the_curvature_coordinates"],
+    # at every SG step
+    "a non-finite potential, gradient, position or changed state": [
+        "test_mcmc_conformance.py::test_non_finite_steps_are_rejected_and_reported",
+        "test_driver.py::test_a_step_onto_the_support_boundary_is_rejected",
+        "test_robustness_table.py::test_progress_text_counts_the_rejected_steps",
+        "test_run_checks.py::test_progress_bar_final_line_shows_final_state"],
+    "VariationalEM: a λ-step whose constrained λ would leave": [
+        "test_options_exports.py::test_lambda_steps_that_leave_the_support_are_rejected_and_counted",
+        "test_robustness_table.py::test_rejected_lambda_steps_are_shown_in_the_progress_text"],
+    # after the run
+    "`numpyro_sgd.check_run(mcmc)`": [
+        "test_run_checks.py::test_check_run_passes_a_good_run",
+        "test_run_checks.py::test_check_run_flags_a_chain_that_never_reached_the_mode",
+        "test_run_checks.py::test_check_run_flags_a_frozen_direction",
+        "test_run_checks.py::test_check_run_flags_draws_wider_than_the_posterior",
+        "test_run_checks.py::test_check_run_reports_rejected_steps",
+        "test_run_checks.py::test_check_run_reports_a_check_it_cannot_evaluate_and_runs_the_others",
+        "test_run_checks.py::test_check_run_on_a_dependent_support_model_returns_messages",
+        "test_robustness_table.py::test_check_run_says_undefined_r_hat_and_ess_in_words",
+        "test_robustness_table.py::test_check_run_says_a_non_finite_gradient_at_the_mean_in_words",
+        "test_bad_input_messages.py::test_diagnostics_of_an_mcmc_that_was_not_run_say_call_run"],
+    "`SGKernel.warn_divergences(mcmc.last_state)`": [
+        "test_mcmc_conformance.py::test_non_finite_steps_are_rejected_and_reported"],
+    "`diagnostics.compare(runs, reference)`": [
+        "test_diagnostics.py::test_compare_against_exact_gaussian",
+        "test_diagnostics.py::test_compare_mcmc_runs_against_draws",
+        "test_diagnostics.py::test_nuts_reference_is_the_full_data_posterior",
+        "test_options_exports.py::test_compare_degenerate_runs_warn",
+        "test_options_exports.py::test_compare_site_names_and_reference_without_chains",
+        "test_robustness_table.py::test_compare_against_a_degenerate_reference_warns",
+        "test_bad_input_messages.py::test_compare_with_a_reference_run_lacking_a_site_of_the_run_names_it",
+        "test_bad_input_messages.py::test_compare_with_a_reference_dict_lacking_a_site_of_the_run_names_it",
+        "test_bad_input_messages.py::test_compare_with_a_run_lacking_a_site_of_the_reference_names_it",
+        "test_bad_input_messages.py::test_diagnostics_of_an_mcmc_that_was_not_run_say_call_run"],
+    "`arviz.from_numpyro(mcmc, log_likelihood=True)`": [
+        "test_options_exports.py::test_arviz_from_numpyro_of_a_run_exports_its_own_rows_after_the_kernel_is_reused"],
+    "`diagnostics.to_arviz(mcmc)`": [
+        "test_loo.py::test_to_arviz_auto_skips_above_limit",
+        "test_options_exports.py::test_to_arviz_exports_the_runs_own_data",
+        "test_options_exports.py::test_to_arviz_with_an_improper_prior",
+        "test_options_exports.py::test_to_arviz_refuses_data_of_another_size",
+        "test_options_exports.py::test_to_arviz_before_run",
+        "test_robustness_table.py::test_exports_of_a_run_whose_kernel_was_reinitialised_on_other_data_are_refused"],
+    "`loo_subsample(...)`": [
+        "test_loo.py::test_bad_input_raises_before_compute",
+        "test_loo.py::test_non_finite_draws_are_named_before_compute",
+        "test_robustness_table.py::test_loo_pareto_k_above_the_threshold_warns",
+        "test_robustness_table.py::test_loo_posterior_correction_pareto_k_above_07_warns",
+        "test_robustness_table.py::test_loo_of_exact_draws_on_clean_data_does_not_warn",
+        "test_bad_input_messages.py::test_loo_subsample_reads_flat_draws_from_their_shapes",
+        "test_bad_input_messages.py::test_loo_subsample_with_draws_that_contradict_batch_ndims_names_the_site"],
+    "`compare_loo(results)`": ["test_loo.py::test_compare_nested_models",
+                               "test_loo.py::test_compare_loo_refuses_runs_fitted_to_different_responses"],
+}
+
+
+def _table_rows(text):
+    """The first cell of every table row of a Markdown page (a header row, the one above a
+    ``|---|`` line, left out)."""
+    lines = text.splitlines()
+    rule = re.compile(r"^\|\s*:?-")
+    return [line.strip().strip("|").split(" | ")[0].strip() for i, line in enumerate(lines)
+            if line.startswith("|") and not rule.match(line) and not (i + 1 < len(lines) and rule.match(lines[i + 1]))]
+
+
+def _test_functions(path):
+    """Names of the module-level test functions of a test file (read, not imported)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {node.name for node in tree.body if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")}
+
+
+def test_every_row_of_the_robustness_page_has_tests_that_exist():
+    """Every check docs/robustness.md lists maps to the tests that give its bad input (issue 44):
+    a row without an entry in ROW_TESTS, an entry that matches no row or several, and an entry
+    naming a test file or function that does not exist all fail here."""
+    rows = _table_rows(ROBUSTNESS_PAGE.read_text(encoding="utf-8"))
+    assert len(rows) > 40, rows  # the parser found the tables
+    unmapped = [row[:80] for row in rows if not any(row.startswith(prefix) for prefix in ROW_TESTS)]
+    assert not unmapped, f"rows of docs/robustness.md with no tests in ROW_TESTS: {unmapped}"
+    doubly = [row[:80] for row in rows if sum(row.startswith(prefix) for prefix in ROW_TESTS) > 1]
+    assert not doubly, f"rows of docs/robustness.md that several ROW_TESTS prefixes match: {doubly}"
+    matches = {prefix: [row[:60] for row in rows if row.startswith(prefix)] for prefix in ROW_TESTS}
+    stale = {prefix: found for prefix, found in matches.items() if len(found) != 1}
+    assert not stale, f"ROW_TESTS prefixes that match no row or several: {stale}"
+    functions = {}
+    missing = []
+    for prefix, tests in ROW_TESTS.items():
+        assert tests, prefix
+        for test in tests:
+            file, name = test.split("::")
+            path = TESTS_DIR / file
+            if file not in functions:
+                functions[file] = _test_functions(path) if path.is_file() else set()
+            if name not in functions[file]:
+                missing.append(test)
+    assert not missing, f"tests named in ROW_TESTS that do not exist: {missing}"
+
+
+def test_the_table_parser_reads_rows_and_skips_headers():
+    page = "| check | you see |\n|---|---|\n| a `x | y` row | text |\n| second | more |\n\nprose | not a row\n"
+    assert _table_rows(page) == ["a `x", "second"]
