@@ -19,12 +19,12 @@ from jax import random
 
 from .diffusions import overdamped_langevin, underdamped_langevin
 from .index_chain import X_ESTIMATES, select_minibatch
-from .noise import curvature_spectrum, sghmc_steps, sgld_step_size, unknown_spectrum
-from .theory import langevin_autocorrelation_time
+from .noise import curvature_spectrum, exponential_step_size, sghmc_steps, sgld_step_size, unknown_spectrum
+from .theory import exponential_autocorrelation_time, langevin_autocorrelation_time
 from .validation import check_positive
 from .warmup import predicted_relaxation, with_default_steps
 
-__all__ = ["sgld_step", "overdamped_ewsg_update", "ewsg_update", "underdamped_minibatch", "check_friction",
+__all__ = ["INTEGRATORS", "check_control_variates", "sgld_step", "overdamped_ewsg_update", "ewsg_update", "underdamped_minibatch", "check_friction",
            "check_step_size", "with_default_overdamped_step", "with_default_underdamped_steps", "with_predicted_relaxation"]
 
 
@@ -83,9 +83,35 @@ def overdamped_ewsg_update(rng_key, theta, propose, step_size, num_index_steps, 
 
 
 # ---------------------------------------------------------------------------- validation
+#: the overdamped kernels' integrators: Welling & Teh's Euler step, or the step exact for the
+#: Gaussian part (:func:`~numpyro_sgd.diffusions.exponential_overdamped_langevin`)
+INTEGRATORS = ("euler", "exponential")
+
 def check_friction(name, friction):
     """Raise unless γ is a positive scalar (SGHMC and the EWSG kernels)."""
     return check_positive(name, "friction", friction, "a positive float (γ; σ² = 2γ)")
+
+
+def check_control_variates(name, control_variates, integrator, step_size, preconditioner, integrators=INTEGRATORS):
+    """Validate ``control_variates`` and ``integrator`` (None: ``"exponential"`` with control
+    variates where ``integrators`` has it, else ``"euler"``); both need the kernel's own step,
+    which the end of warmup sets. Returns ``(control_variates, integrator)``."""
+    if control_variates not in (True, False):
+        raise TypeError(f"{name}: control_variates must be True or False, got {control_variates!r}.")
+    if integrator is None:
+        exponential = control_variates and preconditioner != "scalar" and "exponential" in integrators
+        integrator = "exponential" if exponential else "euler"
+    if integrator not in integrators:
+        raise ValueError(f"{name}: integrator={integrator!r}; use one of {integrators}.")
+    if step_size is not None and (control_variates or integrator == "exponential"):
+        raise ValueError(
+            f"{name}: control_variates=True and integrator='exponential' set their step at the end of warmup (from "
+            "the centre the control variates are taken about, and the noise measured there); leave step_size out.")
+    if integrator == "exponential" and preconditioner == "scalar":
+        raise ValueError(
+            f"{name}: integrator='exponential' is exact for the Gaussian of the warmup's curvature coordinates; "
+            "preconditioner='scalar' runs in the model's. Use preconditioner='auto' (the default) or integrator='euler'.")
+    return bool(control_variates), integrator
 
 
 def check_step_size(name, step_size):
@@ -95,7 +121,7 @@ def check_step_size(name, step_size):
 
 # ---------------------------------------------------------------------------- default steps
 def with_default_overdamped_step(algorithm, potential, name, step_size, target_inflation, subsample, warmup_options,
-                                 preconditioner="auto"):
+                                 preconditioner="auto", control_variates=False, integrator="euler"):
     """SGLD's and overdamped EWSG's algorithm with, when ``step_size`` is None, the noise warmup and
     ε = :func:`~numpyro_sgd.noise.sgld_step_size` set at its end (T = ``state.temperature``, 1 if
     the state has none), in the coordinates ``preconditioner`` names
@@ -103,17 +129,26 @@ def with_default_overdamped_step(algorithm, potential, name, step_size, target_i
     if step_size is not None:
         return algorithm
 
+    n = float(potential.num_data)
+
     def set_steps(state, noise, curvature):  # ε = 4τ / λ_max(Q/T + (1 + τ) A)
-        eps = sgld_step_size(noise, curvature, target_inflation, getattr(state, "temperature", 1.0))
+        if integrator == "exponential":  # the largest ε whose variance error is ≤ τ (curvature N in the basis)
+            eps = exponential_step_size(noise, n, state.control.nonlinearity, target_inflation)
+        else:
+            eps = sgld_step_size(noise, curvature, target_inflation, getattr(state, "temperature", 1.0))
         return state._replace(step_size=eps.astype(state.step_size.dtype), spectrum=curvature_spectrum(curvature))
 
-    algorithm = with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample, preconditioner)
+    algorithm = with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample, preconditioner,
+                                   control_variates)
+    if integrator == "exponential":
+        return with_predicted_relaxation(algorithm, potential, preconditioner, lambda state, a: (
+            exponential_autocorrelation_time(state.step_size, n, np.asarray(state.control.nonlinearity))))
     return with_predicted_relaxation(algorithm, potential, preconditioner,
                                      lambda state, a: langevin_autocorrelation_time(state.step_size, a))
 
 
 def with_default_underdamped_steps(algorithm, potential, name, step_size, friction, target_inflation, subsample,
-                                   warmup_options, preconditioner="auto"):
+                                   warmup_options, preconditioner="auto", control_variates=False):
     """SGHMC's and EWSG's algorithm with, when ``step_size`` or ``friction`` is None, the noise
     warmup and the missing ones set at its end by :func:`~numpyro_sgd.noise.sghmc_steps`
     (γ = 2 √λ_max(A), h = 2τγ / λ_max(Q + 2A)), in the coordinates ``preconditioner`` names; the
@@ -135,7 +170,8 @@ def with_default_underdamped_steps(algorithm, potential, name, step_size, fricti
 
     if step_size is not None:
         preconditioner = "scalar"
-    algorithm = with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample, preconditioner)
+    algorithm = with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample, preconditioner,
+                                   control_variates)
 
     def time(state, a):  # the slower of θ's and θ²'s: an underdamped direction forgets its spread last
         return np.fmax(langevin_autocorrelation_time(state.step_size, a, state.friction),

@@ -32,6 +32,7 @@ import numpy as np
 from jax.scipy.linalg import cho_solve
 
 __all__ = [
+    "exponential_step_size",
     "NOISE_ESTIMATORS",
     "NoiseState",
     "NoiseEstimator",
@@ -486,6 +487,55 @@ def sgld_step_size(noise, curvature, target_inflation=TARGET_INFLATION, temperat
     """
     top = _top_eigenvalue(noise / temperature + (1.0 + target_inflation) * curvature, preconditioner)
     return _positive_or_nan(4.0 * target_inflation / top)
+
+
+#: the largest exponential step c ε/2 :func:`exponential_step_size` takes: beyond it a step is
+#: nearly an independent draw from the Gaussian part, and the residual held over it is all the
+#: error there is
+MAX_EXPONENTIAL_STEP = 4.0
+
+
+def _exponential_variance_error(h, relative_curvature, noise):
+    """|λ v − 1|: the relative error of the stationary variance of
+    :func:`~numpyro_sgd.diffusions.exponential_overdamped_langevin` at c ε/2 = ``h`` along a
+    direction whose curvature is λ = ``relative_curvature`` times the c it integrates exactly,
+    with a gradient noise of variance ``noise`` × c. In units ψ = √c θ the recursion is
+    ψ' = a ψ + √(1 − e²) ξ − (1 − e) ζ/√c with e = exp(−h), a = e − (1 − e)(λ − 1), so
+    v = ((1 − e²) + (1 − e)² q/c) / (1 − a²) against the exact 1/λ; inf where |a| ≥ 1."""
+    e = jnp.exp(-h)
+    a = e - (1.0 - e) * (relative_curvature - 1.0)
+    v = ((1.0 - e**2) + (1.0 - e) ** 2 * noise) / (1.0 - a**2)
+    return jnp.where(jnp.abs(a) < 1.0, jnp.abs(relative_curvature * v - 1.0), jnp.inf)
+
+
+def exponential_step_size(noise, curvature, nonlinearity, target_inflation=TARGET_INFLATION,
+                          max_step=MAX_EXPONENTIAL_STEP):
+    """The step ε of :func:`~numpyro_sgd.diffusions.exponential_overdamped_langevin` (exact for the
+    Gaussian of precision c) whose stationary variance is within ``target_inflation`` τ of the
+    posterior's along every direction, for a posterior whose curvature, in the coordinates the
+    step runs in, lies within c (1 ± δ) over a posterior sd (δ = ``nonlinearity``, measured by
+    :func:`~numpyro_sgd.control_variates.control_variate_noise`) and a gradient noise of
+    covariance Q (``noise``, U units).
+
+    Along a direction of curvature λ c the recursion is linear (see
+    :func:`_exponential_variance_error`); its variance error grows from 0 at h = c ε/2 → 0 (the
+    exact diffusion) to about δ + q/(2c) at h = ∞. The largest h on a grid up to ``max_step`` whose
+    error is ≤ τ for λ = 1 ± δ and q = λ_max(Q) is taken; ε = 2h/c. With δ = 0 and no noise every
+    h is exact (the Gaussian's own Ornstein–Uhlenbeck transition) and ``max_step`` is taken.
+
+    :param noise: Q, (D, D) or (D,) diagonal, in the coordinates the step runs in.
+    :param curvature: c (a scalar, e.g. N in the curvature basis of the warmup).
+    :param nonlinearity: δ ≥ 0.
+    :return: ε (NaN where the estimate is not finite).
+    """
+    c = jnp.asarray(curvature, noise.dtype)
+    q = _top_eigenvalue(noise) / c
+    delta = jnp.asarray(nonlinearity, noise.dtype)
+    grid = jnp.geomspace(1e-3, max_step, 256).astype(noise.dtype)
+    error = jnp.maximum(_exponential_variance_error(grid, jnp.maximum(1.0 - delta, 0.05), q),
+                        _exponential_variance_error(grid, 1.0 + delta, q))
+    h = jnp.max(jnp.where(error <= target_inflation, grid, grid[0]))
+    return _positive_or_nan(jnp.where(jnp.isfinite(q) & jnp.isfinite(delta), 2.0 * h / c, jnp.nan))
 
 
 def sghmc_steps(noise, curvature, target_inflation=TARGET_INFLATION, friction=None):

@@ -14,8 +14,10 @@ import jax.numpy as jnp
 from jax import random
 
 from .base import SGAlgorithm, SGKernel, StepInfo
-from .diffusions import overdamped_langevin
+from .diffusions import exponential_overdamped_langevin, overdamped_langevin
 from .langevin import (
+    INTEGRATORS,
+    check_control_variates,
     check_step_size,
     overdamped_ewsg_update,
     sgld_step,
@@ -49,10 +51,14 @@ class SGLDState(NamedTuple):
     #: extremes of the curvature the default steps see (:class:`~numpyro_sgd.noise.Spectrum`, set at the
     #: end of warmup; the prediction of the slowest direction's relaxation reads it); empty with given steps
     spectrum: tuple = ()
+    #: the centre of the control variates (:class:`~numpyro_sgd.control_variates.ControlState`, set at
+    #: the end of warmup); empty without ``control_variates``
+    control: tuple = ()
 
 
 def sgld(potential, step_size=None, temperature=1.0, *, target_inflation=TARGET_INFLATION,
-         subsample="with_replacement", name="SGLD", preconditioner="auto", **warmup_options):
+         subsample="with_replacement", name="SGLD", preconditioner="auto", control_variates=False,
+         integrator="euler", **warmup_options):
     """The SGLD algorithm (:class:`SGLD`) for a traced model.
 
     :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential`.
@@ -60,9 +66,14 @@ def sgld(potential, step_size=None, temperature=1.0, *, target_inflation=TARGET_
         the noise warmup estimates Q and A and ``end_warmup`` sets ε =
         :func:`~numpyro_sgd.noise.sgld_step_size` (``target_inflation``).
     :param float temperature: T > 0.
+    :param bool control_variates: control-variate gradients about the mode (:mod:`numpyro_sgd.control_variates`).
+    :param str integrator: ``"euler"`` (Welling & Teh Eq. 4) or ``"exponential"``
+        (:func:`~numpyro_sgd.diffusions.exponential_overdamped_langevin`, exact for the Gaussian of
+        the warmup's curvature basis, where the curvature is N).
     :return: :class:`~numpyro_sgd.SGAlgorithm` (a given step: no adaptation, warmup is burn-in).
     """
     schedule = step_size if callable(step_size) else None
+    curvature = float(potential.num_data)  # of every direction in the curvature basis: Lᵀ A L = N I
 
     def init(rng_key, theta, num_warmup_steps):
         eps = jnp.nan if schedule is not None or step_size is None else step_size
@@ -76,9 +87,17 @@ def sgld(potential, step_size=None, temperature=1.0, *, target_inflation=TARGET_
                                                             0, state.temperature)
         return theta, state._replace(last_step_size=eps), StepInfo(pe, oracle.batch_size, indices, True)
 
+    def exponential_step(rng_key, i, theta, state, oracle):
+        k_batch, k_noise = random.split(rng_key)
+        pe, grad, indices = oracle.grad(k_batch, theta)
+        theta = exponential_overdamped_langevin(k_noise, theta, grad, state.step_size, curvature, state.temperature)
+        return theta, state._replace(last_step_size=state.step_size), StepInfo(pe, oracle.batch_size, indices, True)
+
     return with_default_overdamped_step(
-        SGAlgorithm(init, step, describe=lambda state: f"step size {float(state.last_step_size):.3g}"),
-        potential, name, step_size, target_inflation, subsample, warmup_options, preconditioner)
+        SGAlgorithm(init, exponential_step if integrator == "exponential" else step,
+                    describe=lambda state: f"step size {float(state.last_step_size):.3g}"),
+        potential, name, step_size, target_inflation, subsample, warmup_options, preconditioner,
+        control_variates=control_variates, integrator=integrator)
 
 
 class SGLD(SGKernel):
@@ -174,10 +193,12 @@ class SGLD(SGKernel):
     """
 
     def __init__(self, model, *, step_size=None, temperature=1.0, target_inflation=TARGET_INFLATION,
-                 preconditioner="auto", **kwargs):
+                 preconditioner="auto", control_variates=False, integrator=None, **kwargs):
         name = type(self).__name__
         warmup_options = pop_warmup_options(name, kwargs, step_size is None)
         super().__init__(model, **kwargs)
+        control_variates, integrator = check_control_variates(name, control_variates, integrator, step_size,
+                                                              preconditioner)
         if not callable(step_size):
             step_size = check_positive(name, "step_size", step_size, allow_none=True, what=(
                 "a positive float or a schedule (count -> step size), or None to set it from the gradient noise in "
@@ -188,10 +209,11 @@ class SGLD(SGKernel):
         self._temperature = temperature
         self._options = dict(target_inflation=check_target_inflation(name, target_inflation), name=name,
                              preconditioner=check_langevin_preconditioner(name, preconditioner, step_size is not None),
-                             **warmup_options)
+                             control_variates=control_variates, integrator=integrator, **warmup_options)
 
     def _build(self, potential, adapt_steps_per_sample=True):
         return sgld(potential, self._step_size, self._temperature, subsample=self._subsample, **self._options)
+
 
 
 class PSGLDState(NamedTuple):

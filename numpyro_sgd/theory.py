@@ -11,7 +11,7 @@ import scipy.linalg
 
 __all__ = ["lyapunov_covariance", "as_matrix", "iterate_average_covariance", "iasg_covariance", "window_error",
            "averaged_variance_shortfall", "iasg_validity", "ar1_autocorrelation_time",
-           "langevin_autocorrelation_time"]
+           "langevin_autocorrelation_time", "exponential_autocorrelation_time"]
 
 
 def as_matrix(precond, dim):
@@ -212,3 +212,15 @@ def langevin_autocorrelation_time(step_size, curvature, friction=None, of="theta
             else:
                 out[index] = np.linalg.solve(np.eye(2) - m, (np.eye(2) + m) @ sigma)[0, 0] / sigma[0, 0]
     return out if out.shape else float(out)
+
+
+def exponential_autocorrelation_time(step_size, curvature, nonlinearity=0.0):
+    """Integrated autocorrelation time, in SG steps, of the slowest direction under
+    :func:`~numpyro_sgd.diffusions.exponential_overdamped_langevin` at step ε with exact precision
+    c (``curvature``), along a direction of curvature (1 − δ) c (δ = ``nonlinearity``): the AR(1)
+    ψ' = a ψ + noise with a = e + (1 − e) δ, e = exp(−c ε/2) (:func:`ar1_autocorrelation_time` at
+    the rate 1 − a). For δ = 0, τ = (1 + e)/(1 − e): one step is one effective sample from c ε/2 ≈ 2.
+    Broadcasts; NaN for a NaN step."""
+    e = np.exp(-0.5 * np.asarray(curvature, float) * np.asarray(step_size, float))
+    a = e + (1.0 - e) * np.minimum(np.asarray(nonlinearity, float), 0.95)
+    return ar1_autocorrelation_time(1.0 - a)

@@ -47,7 +47,7 @@ from typing import Callable, NamedTuple
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax import lax
+from jax import lax, random
 from jax.scipy.linalg import cho_solve, solve_triangular
 from numpyro.util import find_stack_level
 
@@ -60,6 +60,16 @@ from .noise import (
     regularized_cholesky,
     resolve_preconditioner,
     sampling_noise,
+)
+from .control_variates import (
+    ControlState,
+    ControlVariateOracle,
+    check_single_plate,
+    control_variate_noise,
+    curvature_at,
+    curvature_rows,
+    newton_centre,
+    unset_control,
 )
 from .noise import noise_estimator as make_noise_estimator
 from .potential import grad_and_hessian
@@ -557,7 +567,7 @@ def step_in_basis(step):
 
 
 def with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample="with_replacement",
-                       preconditioner="auto"):
+                       preconditioner="auto", control_variates=False):
     """The algorithm with its warmup replaced by the noise warmup (:func:`noise_warmup`) and an
     ``end_warmup`` that sets its step size (and friction) from the estimate.
 
@@ -582,6 +592,16 @@ def with_default_steps(algorithm, potential, name, set_steps, warmup_options, su
     Q is estimated in full up to D = :data:`~numpyro_sgd.noise.AUTO_FULL_MAX_DIM`, above only its
     diagonal (as ``preconditioner="auto"`` of the noise-adapting kernels); a ``"full"`` basis
     estimates it in full at any D.
+
+    With ``control_variates=True`` (:mod:`numpyro_sgd.control_variates`) the end of warmup takes
+    Newton steps from the warmup's last point to the centre θ̂ (one streamed data pass each, and
+    one for ∇U(θ̂)), the curvature is the Hessian estimated at θ̂ (its positive part, on a fixed
+    set of rows) instead of the Fisher, the coordinates are those of that Hessian, the noise
+    ``set_steps`` receives is the control-variate gradient's, measured a posterior sd from θ̂
+    (:func:`~numpyro_sgd.control_variates.control_variate_noise`, with how far ∇U is from linear
+    there in ``state.control.nonlinearity``), and every sampling step's gradient is the
+    control-variate estimate (:class:`~numpyro_sgd.control_variates.ControlVariateOracle`). The
+    state needs a ``control`` field.
     """
     kind = resolve_preconditioner(preconditioner, potential.dim)
     full = kind == "full" or (kind != "diag" and resolve_preconditioner("auto", potential.dim) == "full")
@@ -589,8 +609,13 @@ def with_default_steps(algorithm, potential, name, set_steps, warmup_options, su
     without_replacement = subsample == "without_replacement"
     warmup = noise_warmup(potential, full, name, **warmup_options)
 
+    if control_variates:
+        check_single_plate(name, potential)
+
     def init(rng_key, theta, num_warmup_steps):
         state = algorithm.init(rng_key, theta, num_warmup_steps)._replace(warmup=warmup.init(theta, num_warmup_steps))
+        if control_variates:
+            state = state._replace(control=unset_control(theta))
         return state._replace(basis=identity_basis(theta, kind == "full")) if in_basis else state
 
     def warmup_step(rng_key, step, theta, state, oracle):
@@ -603,6 +628,8 @@ def with_default_steps(algorithm, potential, name, set_steps, warmup_options, su
         estimated = state.warmup.noise_state.count > 0
         noise = jnp.where(estimated, sampling_noise(summary, potential.plates, without_replacement), jnp.nan)
         curvature = jnp.where(estimated, fisher_curvature(summary, potential.plates), jnp.nan)
+        if control_variates:
+            state, noise, curvature = _centre_and_noise(theta, state, oracle, full, without_replacement)
         if in_basis:
             basis = curvature_basis(curvature, kind == "full", potential.num_data)
             state = state._replace(basis=basis)
@@ -610,7 +637,44 @@ def with_default_steps(algorithm, potential, name, set_steps, warmup_options, su
         return set_steps(state, noise, curvature)
 
     sample_step = step_in_basis(algorithm.sample_step) if in_basis else algorithm.sample_step
-    return algorithm._replace(init=init, sample_step=sample_step, warmup_step=warmup_step, end_warmup=end_warmup)
+    changes = dict(init=init, warmup_step=warmup_step, end_warmup=end_warmup)
+    if control_variates:
+        sample_step = _with_control_variate_gradients(sample_step)
+        changes["start_block"] = _start_at_the_centre
+    return algorithm._replace(sample_step=sample_step, **changes)
+
+
+def _centre_and_noise(theta, state, oracle, full, without_replacement):
+    """The end of warmup of a control-variate kernel: (state with ``control`` set, the
+    control-variate gradient's noise Q_cv, the Hessian's positive part at the centre), both (D, D)
+    with ``full`` else their diagonals (see :func:`with_default_steps`)."""
+    centre, passes = newton_centre(oracle, theta)
+    hessian = psd_part(curvature_at(oracle, centre.position, curvature_rows(oracle)))
+    # the posterior's scale at the centre (Laplace), where the noise and the non-linearity are measured
+    scale = jnp.linalg.cholesky(jnp.linalg.inv(hessian)) if full else 1.0 / jnp.sqrt(jnp.diagonal(hessian))
+    noise, nonlinearity = control_variate_noise(oracle, centre, scale, random.key(0), rows=curvature_rows(oracle))
+    if without_replacement:
+        (plate,) = oracle.plates
+        noise = noise * ((plate.size - plate.subsample_size) / max(plate.size - 1, 1))
+    state = state._replace(control=ControlState(centre, nonlinearity, passes, jnp.zeros((), bool)))
+    return state, (noise if full else jnp.diagonal(noise)), (hessian if full else jnp.diagonal(hessian))
+
+
+def _start_at_the_centre(theta, state):
+    """Before the first sampling block, the chain moves to the centre θ̂ (the mode, where the
+    control variates' noise is smallest and sampling starts in the posterior's bulk)."""
+    control = state.control
+    theta = jnp.where(control.moved, theta, control.centre.position)
+    return theta, state._replace(control=control._replace(moved=jnp.ones((), bool)))
+
+
+def _with_control_variate_gradients(step):
+    """``step`` given the oracle of control-variate gradients about ``state.control.centre``."""
+
+    def wrapped(rng_key, i, theta, state, oracle):
+        return step(rng_key, i, theta, state, ControlVariateOracle(oracle, state.control.centre))
+
+    return wrapped
 
 
 # ---------------------------------------------------------------------------- the prediction at the end of warmup

@@ -24,6 +24,8 @@ LAYERS = [
      "protocol"},
     # the model -> potential setup and the minibatch oracle
     {"potential"},
+    # control-variate gradients about a centre (an oracle over the potential's oracle)
+    {"control_variates"},
     # what the driver and the algorithms build on: sharded oracle, structure detection, the
     # pointwise log-likelihood, the warmup adapter
     {"sharding", "structure", "likelihood", "warmup"},

@@ -1,0 +1,282 @@
+"""Control-variate gradients about a centre near the mode, and that centre.
+
+With a centre θ̂ and the full-data gradient ∇U(θ̂), computed once, the minibatch gradient
+
+    ∇Û_cv(θ) = ∇U(θ̂) + ∇Û_B(θ) − ∇Û_B(θ̂)
+             = ∇U(θ̂) + (N/S) Σ_{i∈B} [∇u_i(θ) − ∇u_i(θ̂)] + ∇u_0(θ) − ∇u_0(θ̂)
+
+(u_i = −log p(x_i | θ), u_0 the prior's part; Baker, Fearnhead, Fox & Nemeth 2019, Eq. 5 and
+Alg. 2 (SGLD-CV); Brosse, Durmus & Moulines 2018, Sec. 3 (FP: "fixed point")) is unbiased for
+∇U(θ), and its noise is (N²/S) Cov_i[∇u_i(θ) − ∇u_i(θ̂)] = O(N²/S · |θ − θ̂|² · Var_i ∇²u_i):
+at the posterior's scale, |θ − θ̂| = O(N^-½), it does not grow with N (ref. 1, Thm. 1), where the
+plain minibatch gradient's noise (N²/S) Cov_i ∇u_i grows like N²/S.
+
+* :func:`full_potential_and_grad`: U(θ) and ∇U(θ) in one streamed pass over the rows, in blocks
+  of ``chunk_size`` (no N × D intermediate).
+* :func:`newton_centre`: θ̂ from a start near the mode (the end of the noise warmup) by Newton
+  steps with the full-data gradient and the Hessian estimated on a fixed set of rows, halving a
+  step that does not lower U; one data pass per step.
+* :class:`ControlVariateOracle`: the oracle whose ``grad`` is ∇Û_cv; both gradients of a step are
+  taken on the same gathered rows (one vmap over θ and θ̂).
+* :func:`control_variate_noise`: the covariance of ∇Û_cv at points a posterior sd from θ̂, and how
+  far ∇U is from linear there, which set the step size of the kernels that use it.
+
+**References:**
+
+1. *Control variates for stochastic gradient MCMC*, J. Baker, P. Fearnhead, E. B. Fox,
+   C. Nemeth, Statistics and Computing 29 (2019), Eq. 5, Alg. 2, Thm. 1.
+2. *The promises and pitfalls of stochastic gradient Langevin dynamics*, N. Brosse, A. Durmus,
+   E. Moulines, NeurIPS 2018, Sec. 3.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax, random
+
+from .noise import regularized_cholesky
+from .potential import grad_and_hessian
+
+__all__ = ["Centre", "ControlState", "unset_control", "ControlVariateOracle", "full_potential_and_grad",
+           "newton_centre", "control_variate_noise", "fixed_rows", "curvature_at", "curvature_rows", "CHUNK_ROWS", "CURVATURE_ROWS",
+           "MAX_NEWTON_STEPS", "NEWTON_TOLERANCE", "NEWTON_ROWS", "check_single_plate"]
+
+#: rows per block of a streamed full-data pass
+CHUNK_ROWS = 16_384
+#: rows of the fixed sets the Hessian at the centre and the measure of the control-variate noise
+#: are taken on (two independent sets): the Hessian's relative error in a direction is about
+#: √(D/rows), which is, at large steps, the relative error of the sampled variance along it
+CURVATURE_ROWS = 65_536
+#: seeds of the two fixed row sets (apart from the chains' key streams and from each other)
+CURVATURE_SEED, NOISE_SEED = 7_919, 104_729
+#: the most Newton steps from the end of the noise warmup to the centre (each at least one
+#: full-data pass): near the mode Newton converges quadratically up to the error of the estimated
+#: Hessian (relative O(√(D/rows))), so two to four steps usually reach the tolerance
+MAX_NEWTON_STEPS = 20
+#: the Newton decrement ∇Uᵀ H⁻¹ ∇U at which the centre is close enough: a tenth of a posterior sd
+#: from the mode. The control-variate noise grows with the distance of the chain from θ̂, so it
+#: only needs to be inside the posterior's bulk; the integrators are exact for any centre of the
+#: Gaussian part (the offset is a constant gradient term)
+NEWTON_TOLERANCE = 0.01
+#: rows of the Hessian of each Newton step (the final Hessian at θ̂ takes :data:`CURVATURE_ROWS`)
+NEWTON_ROWS = 4_096
+
+
+class Centre(NamedTuple):
+    """The point the control variates are taken about, with the full-data potential there."""
+
+    #: θ̂ (flat, unconstrained)
+    position: jnp.ndarray
+    #: U(θ̂), all N rows
+    potential_energy: jnp.ndarray
+    #: ∇U(θ̂), all N rows
+    grad: jnp.ndarray
+
+
+class ControlState(NamedTuple):
+    """A kernel's control-variate state, set at the end of warmup (``control`` of its state)."""
+
+    #: the centre θ̂ with U and ∇U there (:class:`Centre`)
+    centre: Centre
+    #: δ of :func:`control_variate_noise`: how far ∇U is from linear over a posterior sd
+    nonlinearity: jnp.ndarray
+    #: full-data passes the centre took (:func:`newton_centre`), beside the SG steps' passes
+    passes: jnp.ndarray
+    #: whether the chain has been moved to the centre (done once, before the first sampling block:
+    #: the warmup's last point may be far out, where the control variates' noise is large)
+    moved: jnp.ndarray
+
+
+def unset_control(theta):
+    """The :class:`ControlState` before warmup has found the centre (NaN: a step taken with it is
+    rejected, never sampled)."""
+    nan = jnp.full((), jnp.nan, theta.dtype)
+    return ControlState(Centre(jnp.full_like(theta, jnp.nan), nan, jnp.full_like(theta, jnp.nan)), nan,
+                        jnp.zeros((), theta.dtype), jnp.ones((), bool))
+
+
+def check_single_plate(name, potential):
+    """Raise unless the model has one subsample plate (a streamed full-data pass walks one)."""
+    if len(potential.plates) != 1:
+        raise ValueError(
+            f"{name}: control_variates=True needs the model's data in one subsample plate (its full-data "
+            f"gradient at the centre is streamed over that plate's rows); this model has {len(potential.plates)}: "
+            f"{[p.name for p in potential.plates]}. Subsample one plate, or use control_variates=False.")
+
+
+def fixed_rows(oracle, rows, seed):
+    """``{plate: int32[m·S]}``: m = ⌈rows/S⌉ minibatches drawn by the oracle's law with the fixed
+    key ``seed``, joined (their potential is scaled by N/(m·S): an unbiased estimate of U)."""
+    m = max(1, -(-rows // oracle.batch_size))
+    stacked = jax.vmap(oracle.draw)(random.split(random.PRNGKey(seed), m))
+    return {name: idx.reshape(-1) for name, idx in stacked.items()}
+
+
+def curvature_rows(oracle):
+    """Rows of the Hessian at the centre and of the noise measure: :data:`CURVATURE_ROWS`, or N
+    (drawn by the oracle's law) when N is smaller, but at least the Newton steps' 4,096."""
+    return int(min(CURVATURE_ROWS, max(NEWTON_ROWS, oracle.num_data)))
+
+
+def curvature_at(oracle, theta, rows=CURVATURE_ROWS):
+    """∇²U(θ) estimated on a fixed set of about ``rows`` rows (unbiased; D forward-mode passes)."""
+    batch = fixed_rows(oracle, rows, CURVATURE_SEED)
+    return grad_and_hessian(lambda t: oracle.potential_energy(t, batch), theta)[1]
+
+
+def full_potential_and_grad(oracle, theta, chunk_size=CHUNK_ROWS):
+    """(U(θ), ∇U(θ)) over every row of the model's one subsample plate, in blocks of
+    ``chunk_size`` rows: Σ_c (K_c/N) Û_{K_c}(θ) for blocks K_c (each block's potential carries the
+    prior and the scale N/K_c, so the weights K_c/N sum the prior once and every row once).
+    Memory O(chunk_size · D)."""
+    (plate,) = oracle.plates
+    n = plate.size
+    c = min(chunk_size, n)
+    num_full, rest = divmod(n, c)
+
+    def block(start, size):
+        pe, grad = oracle.potential_and_grad(theta, {plate.name: start + jnp.arange(size, dtype=jnp.int32)})
+        return pe * (size / n), grad * (size / n)
+
+    pes, grads = lax.map(lambda k: block(k * c, c), jnp.arange(num_full, dtype=jnp.int32))
+    pe, grad = jnp.sum(pes), jnp.sum(grads, axis=0)
+    if rest:
+        pe_r, grad_r = block(num_full * c, rest)
+        pe, grad = pe + pe_r, grad + grad_r
+    return pe, grad
+
+
+def newton_centre(oracle, theta, max_steps=MAX_NEWTON_STEPS, tolerance=NEWTON_TOLERANCE, chunk_size=CHUNK_ROWS,
+                  rows=NEWTON_ROWS):
+    """The centre θ̂ (:class:`Centre`) from ``theta``: damped Newton steps θ ← θ − s H⁻¹ ∇U(θ),
+    ∇U on all rows (:func:`full_potential_and_grad`), H the Hessian of the potential on a fixed
+    set of about ``rows`` rows (:func:`curvature_at`, unbiased for ∇²U), until the Newton
+    decrement ∇Uᵀ H⁻¹ ∇U (the squared distance to the mode in posterior sds, near it) is below
+    ``tolerance``, or after ``max_steps``. A step that does not lower U (or gives a non-finite U)
+    is halved, up to 20 times, before it is taken (backtracking; Boyd & Vandenberghe 2004,
+    Alg. 9.5). One data pass per evaluated point; the returned potential and gradient are θ̂'s.
+
+    :return: ``(Centre, data passes)``.
+    """
+    pe, grad = full_potential_and_grad(oracle, theta, chunk_size)
+    dtype = theta.dtype
+
+    def direction_at(position, grad):
+        chol = regularized_cholesky(curvature_at(oracle, position, rows))
+        direction = jax.scipy.linalg.cho_solve((chol, True), grad)
+        return direction, grad @ direction
+
+    def not_done(carry):
+        step, _, _, _, decrement, _ = carry
+        return (step < max_steps) & (decrement > tolerance)
+
+    def newton_step(carry):
+        step, position, pe, grad, _, passes = carry
+        direction, _ = direction_at(position, grad)
+
+        def worse(search):
+            scale, pe_c, _, _ = search
+            return (scale > 2.0**-20) & ~(jnp.isfinite(pe_c) & (pe_c <= pe))
+
+        def halve(search):
+            scale = search[0] * 0.5
+            candidate = position - scale * direction
+            return (scale, *full_potential_and_grad(oracle, candidate, chunk_size), search[3] + 1)
+
+        candidate = position - direction
+        first = (jnp.ones((), dtype), *full_potential_and_grad(oracle, candidate, chunk_size), jnp.ones((), dtype))
+        scale, pe_c, grad_c, evaluated = lax.while_loop(worse, halve, first)
+        ok = jnp.isfinite(pe_c) & jnp.all(jnp.isfinite(grad_c)) & (pe_c <= pe)
+        position = jnp.where(ok, position - scale * direction, position)
+        pe, grad = jnp.where(ok, pe_c, pe), jnp.where(ok, grad_c, grad)
+        _, decrement = direction_at(position, grad)
+        # no progress: stop (the decrement is then that of the last point, reported as it is)
+        decrement = jnp.where(ok, decrement, jnp.zeros((), dtype))
+        return step + 1, position, pe, grad, decrement, passes + evaluated
+
+    _, decrement = direction_at(theta, grad)
+    init = (jnp.zeros((), jnp.int32), theta, pe, grad, decrement, jnp.ones((), dtype))
+    _, position, pe, grad, _, passes = lax.while_loop(not_done, newton_step, init)
+    return Centre(position, pe, grad), passes
+
+
+class ControlVariateOracle:
+    """A :class:`~numpyro_sgd.potential.MinibatchOracle` whose gradients are the control-variate
+    estimate about ``centre`` (ref. 1, Eq. 5): ``grad(rng_key, θ)`` draws a minibatch B by the
+    oracle's law and returns (U(θ̂) + Û_B(θ) − Û_B(θ̂), ∇U(θ̂) + ∇Û_B(θ) − ∇Û_B(θ̂), indices).
+    Both minibatch terms are one vmapped evaluation over (θ, θ̂): the rows of B are gathered once.
+    A step costs 2S per-datum gradients (``batch_size``). Everything else is the wrapped oracle's."""
+
+    def __init__(self, oracle, centre):
+        self._oracle, self.centre = oracle, centre
+
+    def __getattr__(self, name):
+        return getattr(self._oracle, name)
+
+    @property
+    def batch_size(self):
+        """Per-datum gradients of one control-variate gradient: S at θ and S at θ̂."""
+        return 2 * self._oracle.batch_size
+
+    def potential_and_grad(self, theta, indices):
+        """The control-variate (Û, ∇Û) on ``indices``."""
+        pair = jnp.stack([theta, self.centre.position])
+        pes, grads = jax.vmap(lambda t: self._oracle.potential_and_grad(t, indices))(pair)
+        return self.centre.potential_energy + pes[0] - pes[1], self.centre.grad + grads[0] - grads[1]
+
+    def grad(self, rng_key, theta):
+        """Draw a minibatch; return the control-variate ``(Û, ∇Û)`` at θ and the indices."""
+        indices = self._oracle.draw(rng_key)
+        return (*self.potential_and_grad(theta, indices), indices)
+
+
+def control_variate_noise(oracle, centre, scale, rng_key, num_points=8, rows=CURVATURE_ROWS):
+    """What sets a control-variate kernel's step: at ``num_points`` points θ_k = θ̂ + L ψ_k,
+    ψ_k ~ N(0, I), where L Lᵀ = ``scale`` ``scale``ᵀ is the posterior's covariance (Laplace at θ̂,
+    from :func:`curvature_at`), on a fixed set of about ``rows`` rows independent of the Hessian's
+    (per-example gradients ∇Û_i, each N-scaled):
+
+    * ``noise``: Q_cv = (1/S) Cov_i[∇Û_i(θ_k) − ∇Û_i(θ̂)], averaged over k: the covariance of one
+      control-variate minibatch gradient (S rows, with replacement) a posterior sd from θ̂;
+    * ``nonlinearity``: δ = max_k ‖Lᵀ(∇U(θ_k) − ∇U(θ̂)) − ψ_k‖ / ‖ψ_k‖, with ∇U(θ_k) − ∇U(θ̂)
+      estimated on the fixed rows and its sampling noise (the trace of Lᵀ Q L at those rows)
+      taken out of the squared norm: how far the gradient is from the Gaussian's over a
+      posterior sd (0 for a Gaussian posterior whose Hessian L⁻ᵀ L⁻¹ is the one estimated; the
+      Hessian's own sampling error counts here, as it should: the kernel integrates exactly the
+      Gaussian of the estimated Hessian, and its error along a direction is that direction's).
+
+    :param scale: L, (D, D) lower factor or (D,) diagonal, in θ's units.
+    :return: ``(noise, nonlinearity)``: Q_cv of θ (D, D) and δ (scalar).
+    """
+    batch = fixed_rows(oracle, rows, NOISE_SEED)
+    (plate,) = oracle.plates
+    num_rows, s = batch[plate.name].shape[0], float(plate.subsample_size)
+    d = centre.position.shape[0]
+    dtype = centre.position.dtype
+    apply = (lambda v: scale @ v) if scale.ndim == 2 else (lambda v: scale * v)
+    apply_t = (lambda v: scale.T @ v) if scale.ndim == 2 else (lambda v: scale * v)
+    _, _, (at_centre,) = oracle.per_example_grads(centre.position, batch)
+    psi = random.normal(rng_key, (num_points, d), dtype)
+
+    def at(p):
+        _, _, (rows_k,) = oracle.per_example_grads(centre.position + apply(p), batch)
+        diff = rows_k - at_centre
+        mean = jnp.mean(diff, axis=0)
+        cov = (diff - mean).T @ (diff - mean) / (num_rows - 1)
+        # the fixed rows' mean difference estimates ∇U(θ_k) − ∇U(θ̂) with covariance cov/num_rows
+        residual = apply_t(mean) - p
+        noise_of_mean = jnp.trace(_express(cov, scale)) / num_rows
+        return cov / s, jnp.maximum(residual @ residual - noise_of_mean, 0.0) / (p @ p)
+
+    covs, ratios = lax.map(at, psi)
+    return jnp.mean(covs, axis=0), jnp.sqrt(jnp.max(ratios))
+
+
+def _express(matrix, scale):
+    """Lᵀ M L for a (D, D) M and L (D, D) or (D,) diagonal."""
+    if scale.ndim == 1:
+        return matrix * jnp.outer(scale, scale)
+    return scale.T @ matrix @ scale
