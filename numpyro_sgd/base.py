@@ -375,6 +375,12 @@ class SGKernel(MCMCKernel):
         return self._model
 
     @property
+    def control_variates(self):
+        """Whether the kernel's gradients are control variates about a centre it computes at the
+        end of warmup (:mod:`numpyro_sgd.control_variates`)."""
+        return bool(getattr(self, "_options", {}).get("control_variates", False))
+
+    @property
     def default_fields(self):
         return ("z", "diverging")
 

@@ -38,6 +38,7 @@ from .index_chain import (
     index_chain,
 )
 from .langevin import (
+    check_control_variates,
     check_friction,
     check_step_size,
     ewsg_update,
@@ -78,7 +79,8 @@ class _IndexChainKernel(SGKernel):
     supports_clusters = False
 
     def __init__(self, model, *, step_size, num_index_steps, underdamped, friction=None, x_estimate="zero",
-                 default_steps=False, target_inflation=TARGET_INFLATION, preconditioner="auto", **kwargs):
+                 default_steps=False, target_inflation=TARGET_INFLATION, preconditioner="auto", control_variates=False,
+                 **kwargs):
         name = type(self).__name__
         estimated = default_steps and (step_size is None or (underdamped and friction is None))
         warmup_options = pop_warmup_options(name, kwargs, estimated)
@@ -103,12 +105,17 @@ class _IndexChainKernel(SGKernel):
                 check_friction(name, friction)
             self._options.update(friction=None if friction is None else float(friction), x_estimate=x_estimate)
         if default_steps:
+            control_variates, _ = check_control_variates(name, control_variates, None, step_size, preconditioner,
+                                                         ("euler",))
+            self._options.update(control_variates=control_variates)
             self._options.update(target_inflation=check_target_inflation(name, target_inflation), name=name,
                                  subsample=self._subsample, preconditioner=check_langevin_preconditioner(
                                      name, preconditioner, step_size is not None),
                                  **warmup_options)
         elif preconditioner != "auto":
             raise TypeError(f"{name}: preconditioner= applies to the default steps, which this kernel does not set.")
+        elif control_variates:
+            raise TypeError(f"{name}: control_variates= applies to the default steps, which this kernel does not set.")
 
     @property
     def num_index_steps(self):
@@ -139,6 +146,8 @@ class EWSGState(NamedTuple):
     basis: tuple = ()
     #: the curvature the default steps see, as :attr:`~numpyro_sgd.SGLDState.spectrum`
     spectrum: tuple = ()
+    #: the centre of the control variates, as :attr:`~numpyro_sgd.SGLDState.control`
+    control: tuple = ()
 
 
 def _or_nan(value):
@@ -147,7 +156,7 @@ def _or_nan(value):
 
 def ewsg(potential, step_size=None, friction=None, num_index_steps=1, x_estimate="momentum", *,
          target_inflation=TARGET_INFLATION, subsample="with_replacement", name="EWSG", preconditioner="auto",
-         **warmup_options):
+         control_variates=False, **warmup_options):
     """The EWSG algorithm (:class:`EWSG`) for a traced model.
 
     :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential`.
@@ -173,7 +182,7 @@ def ewsg(potential, step_size=None, friction=None, num_index_steps=1, x_estimate
 
     return with_default_underdamped_steps(SGAlgorithm(init, step, describe=describe_index_chain), potential,
                                           name, step_size, friction, target_inflation, subsample, warmup_options,
-                                          preconditioner)
+                                          preconditioner, control_variates)
 
 
 class EWSG(_IndexChainKernel):
@@ -283,10 +292,11 @@ class EWSG(_IndexChainKernel):
     """
 
     def __init__(self, model, *, step_size=None, friction=None, num_index_steps=1, x_estimate="momentum",
-                 target_inflation=TARGET_INFLATION, preconditioner="auto", **kwargs):
+                 target_inflation=TARGET_INFLATION, preconditioner="auto", control_variates=False, **kwargs):
         super().__init__(model, step_size=step_size, num_index_steps=num_index_steps, underdamped=True,
                          friction=friction, x_estimate=x_estimate, default_steps=True,
-                         target_inflation=target_inflation, preconditioner=preconditioner, **kwargs)
+                         target_inflation=target_inflation, preconditioner=preconditioner,
+                         control_variates=control_variates, **kwargs)
 
     #: the algorithm builder, called with the validated options
     _builder = staticmethod(ewsg)
@@ -308,10 +318,13 @@ class OverdampedEWSGState(NamedTuple):
     basis: tuple = ()
     #: the curvature the default steps see, as :attr:`~numpyro_sgd.SGLDState.spectrum`
     spectrum: tuple = ()
+    #: the centre of the control variates, as :attr:`~numpyro_sgd.SGLDState.control`
+    control: tuple = ()
 
 
 def overdamped_ewsg(potential, step_size=None, num_index_steps=1, *, target_inflation=TARGET_INFLATION,
-                    subsample="with_replacement", name="OverdampedEWSG", preconditioner="auto", **warmup_options):
+                    subsample="with_replacement", name="OverdampedEWSG", preconditioner="auto", control_variates=False,
+                    **warmup_options):
     """The overdamped EWSG algorithm (:class:`OverdampedEWSG`) for a traced model.
 
     :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential`.
@@ -332,7 +345,8 @@ def overdamped_ewsg(potential, step_size=None, num_index_steps=1, *, target_infl
         return theta, count_index_moves(state, accepted, m), info
 
     return with_default_overdamped_step(SGAlgorithm(init, step, describe=describe_index_chain), potential, name,
-                                        step_size, target_inflation, subsample, warmup_options, preconditioner)
+                                        step_size, target_inflation, subsample, warmup_options, preconditioner,
+                                        control_variates=control_variates)
 
 
 class OverdampedEWSG(_IndexChainKernel):
@@ -378,10 +392,10 @@ class OverdampedEWSG(_IndexChainKernel):
     """
 
     def __init__(self, model, *, step_size=None, num_index_steps=1, target_inflation=TARGET_INFLATION,
-                 preconditioner="auto", **kwargs):
+                 preconditioner="auto", control_variates=False, **kwargs):
         super().__init__(model, step_size=step_size, num_index_steps=num_index_steps, underdamped=False,
                          default_steps=True, target_inflation=target_inflation, preconditioner=preconditioner,
-                         **kwargs)
+                         control_variates=control_variates, **kwargs)
 
     #: the algorithm builder, called with the validated options
     _builder = staticmethod(overdamped_ewsg)

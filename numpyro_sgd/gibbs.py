@@ -497,6 +497,11 @@ class SGWithinGibbs(SGWrapper):
         # LocScaleReparam sites are sampled centred (their scale and mean become hyper sites)
         model = centre_loc_scale(kernel.subsampled_model) if isinstance(kernel, SGKernel) else None
         super().__init__(kernel, model=model, **kwargs)
+        if getattr(kernel, "control_variates", False):
+            raise ValueError(
+                "SGWithinGibbs: the inner kernel's control variates take their centre and its full-data gradient at "
+                "the end of warmup, and every φ update would move them (one data pass or more each); use the inner "
+                "kernel with control_variates=False (ConstantSGD(model) is the default inner kernel).")
         if isinstance(hyper_sites, str):
             hyper_sites = (hyper_sites,)
         if hyper_sites is not None and (not isinstance(hyper_sites, (list, tuple, set, frozenset))

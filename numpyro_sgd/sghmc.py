@@ -18,7 +18,13 @@ import jax.numpy as jnp
 from jax import random
 
 from .base import SGAlgorithm, SGKernel, StepInfo
-from .langevin import check_friction, check_step_size, ewsg_update, with_default_underdamped_steps
+from .langevin import (
+    check_control_variates,
+    check_friction,
+    check_step_size,
+    ewsg_update,
+    with_default_underdamped_steps,
+)
 from .noise import TARGET_INFLATION, check_target_inflation
 from .warmup import check_langevin_preconditioner, pop_warmup_options
 
@@ -40,10 +46,12 @@ class SGHMCState(NamedTuple):
     basis: tuple = ()
     #: the curvature the default steps see, as :attr:`~numpyro_sgd.SGLDState.spectrum`
     spectrum: tuple = ()
+    #: the centre of the control variates, as :attr:`~numpyro_sgd.SGLDState.control`
+    control: tuple = ()
 
 
 def sghmc(potential, step_size=None, friction=None, *, target_inflation=TARGET_INFLATION, subsample="with_replacement",
-          name="SGHMC", preconditioner="auto", **warmup_options):
+          name="SGHMC", preconditioner="auto", control_variates=False, **warmup_options):
     """The SGHMC algorithm (:class:`SGHMC`) for a traced model.
 
     :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential`.
@@ -65,7 +73,8 @@ def sghmc(potential, step_size=None, friction=None, *, target_inflation=TARGET_I
         return theta, state._replace(momentum=momentum), StepInfo(pe, oracle.batch_size, indices, True)
 
     return with_default_underdamped_steps(SGAlgorithm(init, step), potential, name, step_size, friction,
-                                          target_inflation, subsample, warmup_options, preconditioner)
+                                          target_inflation, subsample, warmup_options, preconditioner,
+                                          control_variates)
 
 
 class SGHMC(SGKernel):
@@ -133,10 +142,12 @@ class SGHMC(SGKernel):
     """
 
     def __init__(self, model, *, step_size=None, friction=None, target_inflation=TARGET_INFLATION,
-                 preconditioner="auto", **kwargs):
+                 preconditioner="auto", control_variates=False, **kwargs):
         name = type(self).__name__
         warmup_options = pop_warmup_options(name, kwargs, step_size is None or friction is None)
         super().__init__(model, **kwargs)
+        control_variates, _ = check_control_variates(name, control_variates, None, step_size, preconditioner,
+                                                     ("euler",))
         if step_size is not None:
             check_step_size(name, step_size)
         if friction is not None:
@@ -145,7 +156,7 @@ class SGHMC(SGKernel):
                              friction=None if friction is None else float(friction),
                              target_inflation=check_target_inflation(name, target_inflation), name=name,
                              preconditioner=check_langevin_preconditioner(name, preconditioner, step_size is not None),
-                             **warmup_options)
+                             control_variates=control_variates, **warmup_options)
 
     def _build(self, potential, adapt_steps_per_sample=True):
         return sghmc(potential, **self._options, subsample=self._subsample)

@@ -254,6 +254,11 @@ class VariationalEM(SGWrapper):
 
     def __init__(self, kernel, *, hyper_step_size=0.05, hyper_offset=100.0, hyper_power=0.6, hyper_optimizer=None):
         super().__init__(kernel)
+        if getattr(kernel, "control_variates", False):
+            raise ValueError(
+                "VariationalEM: the kernel's control variates hold the full-data gradient at their centre for the "
+                "hyperparameters of the end of warmup; the λ-steps move them, and the gradients would be biased. Use "
+                "the kernel with control_variates=False inside VariationalEM.")
         check_positive("VariationalEM", "hyper_step_size", hyper_step_size, "a positive float (ρ₀)")
         check_positive("VariationalEM", "hyper_offset", hyper_offset, "a positive float (t₀)")
         if not 0.5 < check_number("VariationalEM", "hyper_power", hyper_power) <= 1:

@@ -44,6 +44,9 @@ KERNELS = [
     pytest.param(lambda m, **kw: OverdampedEWSG(m, step_size=1e-4, **kw), 10, id="OverdampedEWSG"),
     # (M + 2) S per step and a full-data calibration every ⌈N / ((M + 1) S)⌉ = 10 steps: 15 + 10 passes
     pytest.param(lambda m, **kw: EWSGVR(m, step_size=1e-4, friction=20.0, **kw), 25, id="EWSGVR"),
+    # control variates: S per warmup step, 2 S per sampling step (as VariationalEM, None below); the
+    # centre's full-data passes at the end of warmup are counted apart (kernel_state.control.passes)
+    pytest.param(lambda m, **kw: SGLD(m, control_variates=True, **kw), None, id="SGLD-CV"),
 ]
 #: VariationalEM fits the model's param site; one more minibatch gradient (for λ) per sampling step
 VEM = pytest.param(lambda m, **kw: VariationalEM(ConstantSGD(m, preconditioner="diag", **kw)), None, id="VariationalEM")
@@ -78,7 +81,8 @@ Y = jnp.asarray(np.random.default_rng(0).normal(1.0, 0.5, N))
 
 
 def _passes(passes_per_100, warmup_steps, sample_steps):
-    """Expected data passes; VariationalEM (None): S per warmup step, 2 S per sampling step."""
+    """Expected data passes; VariationalEM and control variates (None): S per warmup step, 2 S per
+    sampling step."""
     if passes_per_100 is None:
         return (warmup_steps + 2 * sample_steps) * S / N
     return passes_per_100 * (warmup_steps + sample_steps) / 100

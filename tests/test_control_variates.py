@@ -1,0 +1,186 @@
+"""Control-variate gradients, their centre, and the integrator exact for the Gaussian part.
+
+The numerics are checked alone against closed forms (the full-data pass against the model's own
+full potential, the centre against the exact mode of a conjugate regression, the control-variate
+gradient's mean and its vanishing noise at the centre, the exponential step's one-step moments
+against the Ornstein–Uhlenbeck transition), then the kernels' draws against the exact posterior of
+a conjugate regression with tolerances from their effective sample size.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from numpyro.diagnostics import effective_sample_size
+from numpyro.infer import MCMC
+
+from numpyro_sgd import EWSG, SGHMC, SGLD, ConstantSGD, OverdampedEWSG, SGWithinGibbs, VariationalEM
+from numpyro_sgd.control_variates import (
+    ControlVariateOracle,
+    control_variate_noise,
+    full_potential_and_grad,
+    newton_centre,
+)
+from numpyro_sgd.diffusions import exponential_overdamped_langevin
+from numpyro_sgd.noise import exponential_step_size
+from numpyro_sgd.theory import exponential_autocorrelation_time
+
+N, D, S = 20_000, 5, 200
+_rng = np.random.default_rng(1)
+X = _rng.normal(size=(N, D))
+Y = X @ _rng.normal(size=D) + _rng.normal(size=N)
+PRIOR_SD = 10.0
+#: the exact posterior of the conjugate regression (unit noise, N(0, 10²) prior)
+PRECISION = X.T @ X + np.eye(D) / PRIOR_SD**2
+COV = np.linalg.inv(PRECISION)
+MEAN = COV @ X.T @ Y
+SD = np.sqrt(np.diag(COV))
+
+
+def regression(X, y):
+    w = numpyro.sample("w", dist.Normal(0, PRIOR_SD).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0], subsample_size=S) as idx:
+        numpyro.sample("y", dist.Normal(X[idx] @ w, 1.0), obs=y[idx])
+
+
+@pytest.fixture(scope="module")
+def oracle():
+    _, oracle, _ = SGLD(regression, control_variates=True).algorithm(jax.random.key(0), jnp.asarray(X),
+                                                                      jnp.asarray(Y))
+    return oracle
+
+
+def test_the_streamed_pass_is_the_full_potential(oracle):
+    """U and ∇U summed over blocks of 3,000 rows (N = 20,000: six full blocks and a rest of
+    2,000) equal the model's potential on all rows: the prior counted once, every row once."""
+    theta = jnp.asarray(_rng.normal(size=D))
+    pe, grad = jax.jit(lambda t: full_potential_and_grad(oracle, t, chunk_size=3_000))(theta)
+    exact_pe, exact_grad = jax.value_and_grad(oracle.potential.full_potential)(theta, oracle.model_args)
+    np.testing.assert_allclose(pe, exact_pe, rtol=1e-10)
+    np.testing.assert_allclose(grad, exact_grad, rtol=1e-9, atol=1e-8)
+
+
+def test_newton_reaches_the_exact_mode_from_far(oracle):
+    """From 1,000 posterior sds away the centre is the exact mode (the posterior mean of a
+    conjugate regression) within the tolerance of the Newton decrement, 0.01: a tenth of a
+    posterior sd (the Hessian estimated on fixed rows is exact up to its sampling error,
+    √(D/rows) ≈ 3 %, so each step shrinks the distance about 30-fold); each step is one data
+    pass, plus the first."""
+    start = jnp.asarray(MEAN + 1_000 * SD)
+    centre, passes = jax.jit(lambda t: newton_centre(oracle, t))(start)
+    assert np.max(np.abs(np.asarray(centre.position) - MEAN) / SD) < 0.1
+    assert 2 <= float(passes) <= 8
+
+
+def test_control_variate_gradients_are_unbiased_and_exact_at_the_centre(oracle):
+    """At θ̂ every minibatch gives ∇U(θ̂) exactly; a posterior sd away, the mean over 400
+    minibatches is ∇U(θ) within 4 standard errors of that mean, and the noise is far below the
+    plain minibatch gradient's (which grows like N²/S)."""
+    centre, _ = jax.jit(lambda t: newton_centre(oracle, t))(jnp.asarray(MEAN))
+    cv = ControlVariateOracle(oracle, centre)
+    keys = jax.random.split(jax.random.key(3), 400)
+    at_centre = jax.jit(jax.vmap(lambda k: cv.grad(k, centre.position)[1]))(keys)
+    np.testing.assert_allclose(at_centre, np.broadcast_to(centre.grad, at_centre.shape), rtol=1e-8, atol=1e-6)
+    theta = centre.position + jnp.asarray(SD * _rng.choice([-1.0, 1.0], D))
+    draws = np.asarray(jax.jit(jax.vmap(lambda k: cv.grad(k, theta)[1]))(keys))
+    plain = np.asarray(jax.jit(jax.vmap(lambda k: oracle.grad(k, theta)[1]))(keys))
+    _, exact = jax.value_and_grad(oracle.potential.full_potential)(theta, oracle.model_args)
+    se = draws.std(0) / np.sqrt(len(keys))
+    assert np.all(np.abs(draws.mean(0) - np.asarray(exact)) < 4 * se + 1e-8)
+    assert np.all(draws.std(0) < 0.1 * plain.std(0))
+    # the measured noise covariance is the one the draws show (within a factor 2: 8 points, 1 sd)
+    noise, nonlinearity = jax.jit(lambda: control_variate_noise(oracle, centre, jnp.asarray(np.linalg.cholesky(COV)),
+                                                                jax.random.key(0)))()
+    assert 0.5 < np.trace(np.asarray(noise)) / np.trace(np.cov(draws.T)) < 2.0
+    # a Gaussian posterior: the gradient is linear, up to the Hessian's estimate on fixed rows
+    assert float(nonlinearity) < 0.1
+
+
+def test_the_exponential_step_is_the_exact_transition_of_a_gaussian():
+    """For ∇U(θ) = c θ + b the step is the Ornstein–Uhlenbeck transition of dθ = −∇U dt + √2 dW
+    over dt = ε/2, for any ε: mean e θ − (1 − e) b/c and variance (1 − e²)/c with e = exp(−cε/2);
+    checked on 200,000 draws from one θ (4 standard errors)."""
+    c, b, theta, eps = 50.0, 3.0, 0.7, 0.1  # c ε/2 = 2.5: far outside Euler's stability (c ε < 4)
+    keys = jax.random.split(jax.random.key(0), 200_000)
+    draws = np.asarray(jax.vmap(lambda k: exponential_overdamped_langevin(k, theta, c * theta + b, eps, c))(keys))
+    e = np.exp(-c * eps / 2)
+    mean, var = e * theta - (1 - e) * b / c, (1 - e**2) / c
+    assert abs(draws.mean() - mean) < 4 * np.sqrt(var / draws.size)
+    assert abs(draws.var() / var - 1) < 4 * np.sqrt(2 / draws.size)
+
+
+def test_the_exponential_step_size_shrinks_with_the_nonlinearity_and_the_noise():
+    """A Gaussian with no gradient noise takes the largest step (every step exact); a gradient
+    farther from linear, or noisier, takes a smaller one, and the variance error the rule bounds
+    stays ≤ τ; the autocorrelation time is one step at c ε/2 ≥ 4."""
+    c = 1e4
+    steps = [float(exponential_step_size(jnp.eye(3) * q, c, delta)) for q, delta in
+             ((0.0, 0.0), (0.0, 0.1), (0.0, 0.5), (0.3 * c, 0.0), (3.0 * c, 0.1))]
+    assert steps[0] == pytest.approx(2 * 4.0 / c)
+    assert steps[0] > steps[1] > steps[2] > 0
+    assert steps[0] > steps[3] > steps[4] > 0
+    assert exponential_autocorrelation_time(steps[0], c) == pytest.approx((1 + np.exp(-4)) / (1 - np.exp(-4)))
+    assert exponential_autocorrelation_time(steps[2], c, 0.5) > 2 * exponential_autocorrelation_time(steps[0], c)
+
+
+CV_KERNELS = [
+    # the exponential integrator: one SG step per draw (c ε/2 up to 4: nearly independent draws)
+    pytest.param(lambda: SGLD(regression, control_variates=True), 1, id="SGLD-exponential"),
+    # the Euler kernels keep their steps (bounded by the discretisation) and need ~ N/S steps per draw
+    pytest.param(lambda: SGHMC(regression, control_variates=True, steps_per_sample=20), 20, id="SGHMC"),
+    pytest.param(lambda: SGLD(regression, control_variates=True, integrator="euler", steps_per_sample=20), 20,
+                 id="SGLD-euler", marks=pytest.mark.slow),
+    pytest.param(lambda: EWSG(regression, control_variates=True, steps_per_sample=20), 20, id="EWSG",
+                 marks=pytest.mark.slow),
+    pytest.param(lambda: OverdampedEWSG(regression, control_variates=True, steps_per_sample=20), 20,
+                 id="OverdampedEWSG", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("make, steps", CV_KERNELS)
+def test_control_variate_kernels_sample_the_exact_posterior(make, steps):
+    """Draws against the exact posterior of the conjugate regression. Each coordinate's mean is
+    within 4 Monte Carlo standard errors (sd/√ESS) of the exact mean, and its sd within the
+    variance inflation the default step allows (τ = 10 %: ≤ 5 % in sd) plus 4 standard errors of
+    an sd (1/√(2 ESS)); the ESS is the run's own (bulk, per coordinate)."""
+    mcmc = MCMC(make(), num_warmup=300, num_samples=1_000, num_chains=2, chain_method="vectorized",
+                progress_bar=False)
+    mcmc.run(jax.random.key(0), jnp.asarray(X), jnp.asarray(Y))
+    draws = np.asarray(mcmc.get_samples(group_by_chain=True)["w"])
+    ess = effective_sample_size(draws)
+    assert np.all(ess > 200)
+    assert np.all(np.abs(draws.mean((0, 1)) - MEAN) / SD < 4 / np.sqrt(ess))
+    assert np.all(np.abs(draws.reshape(-1, D).std(0) / SD - 1) < 0.05 + 4 / np.sqrt(2 * ess))
+    control = mcmc.last_state.kernel_state.control
+    assert np.max(np.abs(np.asarray(control.centre.position)[0] - MEAN) / SD) < 0.1  # the Newton tolerance
+    assert np.all(np.asarray(control.passes) >= 2)
+
+
+def two_plates(X, y):
+    w = numpyro.sample("w", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("a", X.shape[0], subsample_size=10) as idx:
+        numpyro.sample("ya", dist.Normal(X[idx] @ w, 1.0), obs=y[idx])
+    with numpyro.plate("b", X.shape[0], subsample_size=10) as idx:
+        numpyro.sample("yb", dist.Normal(X[idx] @ w, 1.0), obs=y[idx])
+
+
+def test_control_variates_refuse_what_they_cannot_do():
+    with pytest.raises(ValueError, match="set their step at the end of warmup.*leave step_size out"):
+        SGLD(regression, control_variates=True, step_size=1e-4)
+    with pytest.raises(ValueError, match="integrator='exponential' is exact for the Gaussian.*preconditioner='scalar'"):
+        SGLD(regression, integrator="exponential", preconditioner="scalar")
+    with pytest.raises(ValueError, match=r"integrator='leapfrog'; use one of \('euler', 'exponential'\)"):
+        SGLD(regression, integrator="leapfrog")
+    with pytest.raises(TypeError, match="control_variates must be True or False"):
+        SGLD(regression, control_variates="yes")
+    with pytest.raises(ValueError, match="SGWithinGibbs: the inner kernel's control variates"):
+        SGWithinGibbs(SGLD(regression, control_variates=True))
+    with pytest.raises(ValueError, match="VariationalEM: the kernel's control variates"):
+        VariationalEM(SGLD(regression, control_variates=True))
+    kernel = SGLD(two_plates, control_variates=True)
+    with pytest.raises(ValueError, match=r"needs the model's data in one subsample plate.*\['a', 'b'\]"):
+        kernel.init(jax.random.key(0), 10, None, (jnp.asarray(X[:1000]), jnp.asarray(Y[:1000])), {})
+    assert not ConstantSGD(regression).control_variates and SGLD(regression, control_variates=True).control_variates
+
