@@ -523,6 +523,14 @@ ROW_TESTS = {
         "test_constant_sgd.py::test_short_warmup_warns",
         "test_constant_sgd.py::test_without_warmup_no_step_is_taken_silently",
         "test_default_steps.py::test_without_warmup_no_step_is_taken_silently"],
+    "`control_variates=True` or `integrator=\"exponential\"` with a given": [
+        "test_control_variates.py::test_control_variates_refuse_what_they_cannot_do"],
+    "`control_variates=True` on a model with several subsample plates": [
+        "test_control_variates.py::test_control_variates_refuse_what_they_cannot_do"],
+    "`control_variates=True`: the centre": [
+        "test_control_variates.py::test_newton_reaches_the_exact_mode_from_far",
+        "test_control_variates.py::test_the_exponential_step_size_shrinks_with_the_nonlinearity_and_the_noise",
+        "test_control_variates.py::test_control_variate_kernels_sample_the_exact_posterior"],
     "IASG: step size and window outside the validity window": [
         "test_iasg.py::test_step_size_outside_validity_window_warns"],
     "SGLD, PSGLD, SGHMC, EWSG, OverdampedEWSG with their default steps": [
