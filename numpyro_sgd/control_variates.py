@@ -42,7 +42,7 @@ from .potential import grad_and_hessian
 
 __all__ = ["Centre", "ControlState", "unset_control", "ControlVariateOracle", "full_potential_and_grad",
            "newton_centre", "control_variate_noise", "fixed_rows", "curvature_at", "curvature_rows", "CHUNK_ROWS", "CURVATURE_ROWS",
-           "MAX_NEWTON_STEPS", "NEWTON_TOLERANCE", "NEWTON_ROWS", "check_single_plate"]
+           "MAX_NEWTON_STEPS", "NEWTON_TOLERANCE", "NEWTON_ROWS", "NEWTON_RADIUS", "check_single_plate"]
 
 #: rows per block of a streamed full-data pass
 CHUNK_ROWS = 16_384
@@ -63,6 +63,9 @@ MAX_NEWTON_STEPS = 20
 NEWTON_TOLERANCE = 0.01
 #: rows of the Hessian of each Newton step (the final Hessian at θ̂ takes :data:`CURVATURE_ROWS`)
 NEWTON_ROWS = 4_096
+#: the longest Newton step, in posterior sds (λ, the square root of the Newton decrement): beyond
+#: it the quadratic model of a GLM's potential can be far off (an exp link overflows)
+NEWTON_RADIUS = 30.0
 
 
 class Centre(NamedTuple):
@@ -150,56 +153,73 @@ def full_potential_and_grad(oracle, theta, chunk_size=CHUNK_ROWS):
 
 
 def newton_centre(oracle, theta, max_steps=MAX_NEWTON_STEPS, tolerance=NEWTON_TOLERANCE, chunk_size=CHUNK_ROWS,
-                  rows=NEWTON_ROWS):
+                  rows=NEWTON_ROWS, radius=NEWTON_RADIUS):
     """The centre θ̂ (:class:`Centre`) from ``theta``: damped Newton steps θ ← θ − s H⁻¹ ∇U(θ),
     ∇U on all rows (:func:`full_potential_and_grad`), H the Hessian of the potential on a fixed
-    set of about ``rows`` rows (:func:`curvature_at`, unbiased for ∇²U), until the Newton
-    decrement ∇Uᵀ H⁻¹ ∇U (the squared distance to the mode in posterior sds, near it) is below
-    ``tolerance``, or after ``max_steps``. A step that does not lower U (or gives a non-finite U)
-    is halved, up to 20 times, before it is taken (backtracking; Boyd & Vandenberghe 2004,
-    Alg. 9.5). One data pass per evaluated point; the returned potential and gradient are θ̂'s.
+    set of about ``rows`` rows (unbiased for ∇²U), until the Newton decrement λ² = ∇Uᵀ H⁻¹ ∇U
+    (the squared distance to the mode in posterior sds, near it) is below ``tolerance``, or after
+    ``max_steps``.
+
+    The step length s starts at min(1, R/λ): a step moves at most R posterior sds, R = ``radius``
+    at first (a trust region, for starts far out where a GLM's link overflows), doubled after a
+    step that needed no shortening and halved after one that did. Whether it overshot is
+    read from the full-data gradient at the candidate, which the next step needs anyway: along
+    the step, φ(s) = U(θ − s d) has φ'(0) = −λ², and a candidate with φ'(s) > λ²/2 (past the
+    minimum by more than the strong Wolfe condition with c₂ = ½ allows; Nocedal & Wright 2006,
+    Eq. 3.7) or a non-finite value is shortened to the secant's zero of φ' (kept within
+    [0.1 s, 0.9 s]) and evaluated again. Potentials are not compared: at large N their rounding
+    (U ~ N in float32) exceeds the decrease λ²/2 near the mode. One data pass per evaluated point,
+    and one at the start; the returned potential and gradient are θ̂'s.
 
     :return: ``(Centre, data passes)``.
     """
-    pe, grad = full_potential_and_grad(oracle, theta, chunk_size)
+    batch = fixed_rows(oracle, rows, CURVATURE_SEED)
     dtype = theta.dtype
 
     def direction_at(position, grad):
-        chol = regularized_cholesky(curvature_at(oracle, position, rows))
-        direction = jax.scipy.linalg.cho_solve((chol, True), grad)
+        hessian = grad_and_hessian(lambda t: oracle.potential_energy(t, batch), position)[1]
+        direction = jax.scipy.linalg.cho_solve((regularized_cholesky(hessian), True), grad)
         return direction, grad @ direction
 
     def not_done(carry):
-        step, _, _, _, decrement, _ = carry
+        step, _, _, _, _, decrement, _, _ = carry
         return (step < max_steps) & (decrement > tolerance)
 
     def newton_step(carry):
-        step, position, pe, grad, _, passes = carry
-        direction, _ = direction_at(position, grad)
+        step, position, pe, grad, direction, decrement, region, passes = carry
 
-        def worse(search):
-            scale, pe_c, _, _ = search
-            return (scale > 2.0**-20) & ~(jnp.isfinite(pe_c) & (pe_c <= pe))
+        def evaluate(scale, count):
+            pe_c, grad_c = full_potential_and_grad(oracle, position - scale * direction, chunk_size)
+            return scale, pe_c, grad_c, count + 1
 
-        def halve(search):
-            scale = search[0] * 0.5
-            candidate = position - scale * direction
-            return (scale, *full_potential_and_grad(oracle, candidate, chunk_size), search[3] + 1)
+        def overshot(search):
+            scale, pe_c, grad_c, count = search
+            finite = jnp.isfinite(pe_c) & jnp.all(jnp.isfinite(grad_c))
+            return (count < 10) & (~finite | (grad_c @ direction < -0.5 * decrement))
 
-        candidate = position - direction
-        first = (jnp.ones((), dtype), *full_potential_and_grad(oracle, candidate, chunk_size), jnp.ones((), dtype))
-        scale, pe_c, grad_c, evaluated = lax.while_loop(worse, halve, first)
-        ok = jnp.isfinite(pe_c) & jnp.all(jnp.isfinite(grad_c)) & (pe_c <= pe)
+        def shorten(search):
+            scale, pe_c, grad_c, count = search
+            slope = grad_c @ direction  # −φ'(s); λ² at s = 0
+            secant = scale * decrement / (decrement - slope)
+            finite = jnp.isfinite(pe_c) & jnp.all(jnp.isfinite(grad_c)) & jnp.isfinite(secant)
+            return evaluate(jnp.where(finite, jnp.clip(secant, 0.1 * scale, 0.9 * scale), 0.1 * scale), count)
+
+        first = evaluate(jnp.minimum(1.0, region / jnp.sqrt(decrement)).astype(dtype), jnp.zeros((), dtype))
+        scale, pe_c, grad_c, count = lax.while_loop(overshot, shorten, first)
+        ok = jnp.isfinite(pe_c) & jnp.all(jnp.isfinite(grad_c))
         position = jnp.where(ok, position - scale * direction, position)
         pe, grad = jnp.where(ok, pe_c, pe), jnp.where(ok, grad_c, grad)
-        _, decrement = direction_at(position, grad)
-        # no progress: stop (the decrement is then that of the last point, reported as it is)
-        decrement = jnp.where(ok, decrement, jnp.zeros((), dtype))
-        return step + 1, position, pe, grad, decrement, passes + evaluated
+        direction, new_decrement = direction_at(position, grad)
+        region = jnp.where(count > 1, 0.5 * region, 2.0 * region)
+        # no finite point along the step: the search ends where it was (its decrement reported as 0)
+        return (step + 1, position, pe, grad, direction, jnp.where(ok, new_decrement, 0.0), region,
+                passes + count)
 
-    _, decrement = direction_at(theta, grad)
-    init = (jnp.zeros((), jnp.int32), theta, pe, grad, decrement, jnp.ones((), dtype))
-    _, position, pe, grad, _, passes = lax.while_loop(not_done, newton_step, init)
+    pe, grad = full_potential_and_grad(oracle, theta, chunk_size)
+    direction, decrement = direction_at(theta, grad)
+    init = (jnp.zeros((), jnp.int32), theta, pe, grad, direction, decrement, jnp.asarray(radius, dtype),
+            jnp.ones((), dtype))
+    _, position, pe, grad, _, _, _, passes = lax.while_loop(not_done, newton_step, init)
     return Centre(position, pe, grad), passes
 
 
