@@ -34,12 +34,16 @@ from .schedules import polynomial_annealing, robbins_monro
 from .sgfs import SGFS, SGFSState, sgfs
 from .sghmc import SGHMC, SGHMCState, sghmc
 from .sgld import PSGLD, SGLD, PSGLDState, SGLDState, psgld, sgld
+from .streaming import StreamedRows, open_shards, stream
 from .theory import lyapunov_covariance
 from .vem import VariationalEM, VariationalEMState, variational_em
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "StreamedRows",
+    "open_shards",
+    "stream",
     "check_run",
     "centre_loc_scale",
     "hyper_candidates",

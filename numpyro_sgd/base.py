@@ -76,6 +76,7 @@ from .potential import (
 )
 from .protocol import SampleBlock, SGAlgorithm, SGState, StepInfo
 from .sharding import DataParallelOracle, check_mesh
+from .streaming import check_memmaps, streamed_leaves, streamed_sources
 from .validation import check_init_params, check_int, check_positive  # noqa: F401 - re-exported
 
 __all__ = ["SGState", "SGKernel", "SGWrapper", "SGAlgorithm", "SampleBlock", "StepInfo", "MinibatchOracle", "is_positive_scalar",
@@ -564,6 +565,8 @@ class SGKernel(MCMCKernel):
 
     def init(self, rng_key, num_warmup, init_params=None, model_args=(), model_kwargs=None):
         model_kwargs = {} if model_kwargs is None else model_kwargs
+        check_memmaps(type(self).__name__, model_args, model_kwargs, _calling_mcmc())
+        model_args, model_kwargs = streamed_leaves((model_args, model_kwargs))
         if self._mesh is not None and _is_tracer(rng_key):  # NumPyro's chain_method="parallel" (pmap)
             raise ValueError(
                 f"{type(self).__name__}: mesh= splits the data rows over the mesh's devices, and "
@@ -639,7 +642,8 @@ class SGKernel(MCMCKernel):
         if not _is_tracer((state.z, model_args, model_kwargs)):
             arrays, _, key = _split_arrays(model_args, model_kwargs)
             if self._data_checked != key:
-                check_data(name, self, state, vectorized, arrays, model_args, model_kwargs)
+                check_data(name, self, state, vectorized, arrays + [r.source for r in streamed_sources(model_args)],
+                           model_args, model_kwargs)
                 self._data_checked = key
         if not _is_tracer(state.potential_energy) and not np.isfinite(np.asarray(state.potential_energy)).all():
             raise ValueError(
@@ -734,6 +738,7 @@ class SGKernel(MCMCKernel):
         ``MCMC(..., jit_model_args=True)`` NumPyro passes every argument into its compiled loop,
         where an int such as a ``subsample_size`` argument would become a tracer that
         ``numpyro.plate`` cannot use. The values are those of the run's :meth:`init`."""
+        model_args, model_kwargs = streamed_leaves((model_args, model_kwargs))
         positions, names = self._static_args
         model_args = tuple(positions[i] if i in positions and _is_tracer(a) else a for i, a in enumerate(model_args))
         model_kwargs = {k: names[k] if k in names and _is_tracer(v) else v for k, v in model_kwargs.items()}

@@ -48,6 +48,8 @@ def all_finite(array, rows=1_000_000):
     if isinstance(array, np.ndarray):
         flat = array.reshape(array.shape[0], -1) if array.ndim else array.reshape(1, 1)
         return all(np.isfinite(flat[i:i + rows]).all() for i in range(0, flat.shape[0], rows))
+    if not isinstance(array, jax.Array):  # a streamed source (shards, zarr, HDF5): read in blocks of rows
+        return all(np.isfinite(np.asarray(array[i:i + rows])).all() for i in range(0, array.shape[0], rows))
     return bool(_jit_all_finite(array))
 
 

@@ -20,6 +20,9 @@ shuffle); the kernel draws them and substitutes them.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import re
 import warnings
 from typing import NamedTuple
 
@@ -38,6 +41,7 @@ from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.util import constrain_fn, potential_energy
 from numpyro.primitives import Messenger
 
+from .streaming import PAST_THE_DATA, StreamedRows, streamed_leaves, streamed_sources
 from .validation import check_model_args, check_param_values
 
 __all__ = ["PlateInfo", "SubsampledPotential", "MinibatchOracle", "SUBSAMPLE_METHODS", "uniform_indices",
@@ -197,9 +201,10 @@ def order_design_effect(arrays, num_data, cluster_size, num_clusters=1000, seed=
     rows = (starts[:, None] + np.arange(cluster_size)).reshape(-1)
     worst = 0.0
     for a in arrays:
-        if np.ndim(a) == 0 or np.shape(a)[0] != num_data or not np.issubdtype(np.asarray(a[:1]).dtype, np.number):
+        if np.ndim(a) == 0 or np.shape(a)[0] != num_data or not np.issubdtype(np.dtype(a.dtype), np.number):
             continue
-        block = np.asarray(a[rows], dtype=np.float64).reshape(num_clusters, cluster_size, -1)
+        read = a.gather(rows) if isinstance(a, StreamedRows) else a[rows]
+        block = np.asarray(read, dtype=np.float64).reshape(num_clusters, cluster_size, -1)
         total = block.reshape(num_clusters * cluster_size, -1).var(axis=0)
         between = block.mean(axis=1).var(axis=0) * cluster_size
         ok = total > 0
@@ -218,7 +223,7 @@ def resolve_cluster_sizes(potential, model_args, model_kwargs, requested=None, k
     With ``shards`` = k devices (``mesh=``), each device draws S/k rows among its own N/k: B is
     chosen for, and must divide, S/k.
     """
-    arrays = _split_arrays(model_args, model_kwargs)[0]
+    arrays = _split_arrays(model_args, model_kwargs)[0] + streamed_sources((model_args, model_kwargs))
     sizes = {}
     for p in potential.plates:
         mine = [a for a in arrays if np.ndim(a) >= 1 and np.shape(a)[0] == p.size]
@@ -452,10 +457,11 @@ def _evaluate(closed, arrays, replay=None):
 
 
 def as_jax_args(tree):
-    """NumPy arrays in model arguments become JAX arrays, so traced minibatch indices can index them
-    (by ``jax.device_put``, which canonicalises the dtype as ``jnp.asarray`` does but compiles no
-    staging program per shape)."""
-    return jax.tree.map(lambda x: jax.device_put(x) if isinstance(x, np.ndarray) else x, tree)
+    """NumPy arrays in model arguments become JAX arrays, so traced minibatch indices can index
+    them (by ``jax.device_put``, which canonicalises the dtype as ``jnp.asarray`` does but compiles
+    no staging program per shape); memmaps become their
+    :class:`~numpyro_sgd.streaming.StreamedRows`, read in place."""
+    return jax.tree.map(lambda x: jax.device_put(x) if isinstance(x, np.ndarray) else x, streamed_leaves(tree))
 
 
 def _site_plates(site, plate_names):
@@ -931,6 +937,18 @@ def _split_arrays(model_args, model_kwargs):
     return [leaf for leaf, a in zip(leaves, is_array) if a], rebuild, key
 
 
+@contextlib.contextmanager
+def _quiet_callback_errors():
+    """JAX logs a failing host callback at ERROR level before raising; the plate check expects one."""
+    logger = logging.getLogger("jax._src.callback")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _check_plate_sizes(potential, model_args, model_kwargs):
     """Raise when a subsample plate is larger than the data it indexes: its indices would run
     past the data, and JAX clamps out-of-range gathers silently (the last row repeated).
@@ -941,16 +959,22 @@ def _check_plate_sizes(potential, model_args, model_kwargs):
     """
     arrays = _split_arrays(model_args, model_kwargs)[0]
     largest = max((d for a in arrays for d in np.shape(a)), default=0)
+    streams = streamed_sources((model_args, model_kwargs))
     for p in potential.plates:
-        if p.size <= largest:
+        if p.size <= largest and all(len(r) >= p.size for r in streams):
             continue
         idx = {q.name: jnp.full((1,), q.size - 1 if q.name == p.name else 0, jnp.int32) for q in potential.plates}
         theta = jnp.zeros(potential.dim)
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _quiet_callback_errors():
             warnings.simplefilter("ignore")
-            error, _ = checkify.checkify(potential.potential, errors=checkify.index_checks)(
-                theta, idx, model_args, model_kwargs)
-        message = error.get()
+            try:
+                error, _ = checkify.checkify(potential.potential, errors=checkify.index_checks)(
+                    theta, idx, model_args, model_kwargs)
+                message = error.get()
+            except Exception as e:  # a streamed read past the file (StreamedRows.gather)
+                if PAST_THE_DATA not in str(e):
+                    raise
+                message = re.search(rf"row \d+ {PAST_THE_DATA} \d+ rows", str(e)).group(0)
         if message:
             raise ValueError(
                 f"{potential.kernel_name}: plate '{p.name}' has size {p.size}, but the data it indexes are shorter "

@@ -21,7 +21,7 @@ PACKAGE = pathlib.Path(numpyro_sgd.__file__).parent
 LAYERS = [
     # leaves: no package imports
     {"validation", "noise", "theory", "schedules", "diffusions", "index_chain", "arviz_compat", "datasets",
-     "protocol"},
+     "protocol", "streaming"},
     # the model -> potential setup and the minibatch oracle
     {"potential"},
     # control-variate gradients about a centre (an oracle over the potential's oracle)

@@ -1,0 +1,227 @@
+"""Data on disk, read in place: a logistic regression in ``.npy`` files opened with
+``mmap_mode="r"``, sampled without loading them, against one sequential NumPy read of the files.
+
+What runs (one process, in this order)
+--------------------------------------
+1. The data: X (N, D) float32 ~ N(0, I/D) and y ~ Bernoulli(σ(X w)), written to ``--dir`` in
+   blocks (never held whole) unless the files are there, rows i.i.d. (so in random order).
+2. The reference: the float64 Laplace approximation at the full-data mode
+   (``benchmark_scaling.laplace``, Newton over row blocks of the memmaps), kept next to the files.
+3. The read baseline: ``X[a:b].sum(0)`` over blocks of the memmap, twice (the first fills the page
+   cache), then ``--repeats`` timed reads; the median is "one sequential read".
+4. The runs, each as its documentation recommends, with the memmaps as the model arguments and
+   NumPyro's default ``jit_model_args=False``:
+
+   * ``ConstantSGD-full``: ``ConstantSGD(model)``, the plate at S = 10,000, 1 chain, 20 warmup and
+     ``--draws`` draws (the large-N workflow of ``docs/workflow.md``);
+   * ``SGLD-CV``: ``SGLD(model, control_variates=True)``, S = 1,000, 2 vectorized chains, 500
+     warmup and 1,000 draws of one SG step each.
+
+   Reported for each: compile seconds (``CompileClock``), the warmup call and the sampling call
+   apart, the data passes of each (``SGState.data_passes``, and the centre's passes), the
+   sampling seconds per data pass against one sequential read, the end-to-end wall, min bulk
+   ESS, the largest mean error (posterior sds) and sd error against the reference, and the peak
+   anonymous memory (``RssAnon``, sampled every 10 ms) above what the process held before the
+   run, against the data's bytes.
+
+    python benchmarks/out_of_core.py --n 20000000 --dir /tmp/ooc20m     # 1.6 GB on disk
+    python benchmarks/out_of_core.py --n 100000000 --dir /tmp/ooc100m --kernels SGLD-CV   # 8 GB
+    python benchmarks/out_of_core.py --in-memory --n 2000000 --d 50     # peak memory, data in RAM
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from benchmark_scaling import laplace, make_model
+from benchmark_throughput import CompileClock
+from numpy.lib.format import open_memmap
+from numpyro.diagnostics import effective_sample_size
+from numpyro.infer import MCMC
+
+from numpyro_sgd import SGLD, ConstantSGD, stream
+
+BLOCK = 1 << 20
+
+
+def rss_anon_gib():
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) / 2**20
+    return float("nan")
+
+
+class PeakAnon:
+    """The largest ``RssAnon`` seen while the block runs (a thread reads it every 10 ms)."""
+
+    def __enter__(self):
+        self.base = self.peak = rss_anon_gib()
+        self._stop = threading.Event()
+
+        def watch():
+            while not self._stop.wait(0.01):
+                self.peak = max(self.peak, rss_anon_gib())
+
+        self._thread = threading.Thread(target=watch, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_anon_gib())
+
+    @property
+    def growth(self):
+        return self.peak - self.base
+
+
+def write_data(directory, n, d, seed=0):
+    """X.npy and y.npy in ``directory``, generated and written block by block."""
+    os.makedirs(directory, exist_ok=True)
+    px, py = os.path.join(directory, "X.npy"), os.path.join(directory, "y.npy")
+    if os.path.exists(px) and os.path.exists(py):
+        X = np.load(px, mmap_mode="r")
+        if X.shape == (n, d):
+            return px, py
+    rng = np.random.default_rng(seed)
+    w_true = rng.normal(0.0, 1.0, d)
+    X = open_memmap(px, mode="w+", dtype=np.float32, shape=(n, d))
+    y = open_memmap(py, mode="w+", dtype=np.float32, shape=(n,))
+    for a in range(0, n, BLOCK):
+        b = min(n, a + BLOCK)
+        block = rng.standard_normal((b - a, d), dtype=np.float32) / np.float32(np.sqrt(d))
+        X[a:b] = block
+        y[a:b] = rng.random(b - a) < 1.0 / (1.0 + np.exp(-(block @ w_true)))
+    X.flush()
+    y.flush()
+    del X, y
+    return px, py
+
+
+def reference(directory, X, y):
+    path = os.path.join(directory, "laplace.npz")
+    if os.path.exists(path):
+        ref = np.load(path)
+        return ref["mean"], ref["cov"], None
+    start = time.perf_counter()
+    mean, cov, info = laplace("logistic", X, y)
+    np.savez(path, mean=mean, cov=cov)
+    return mean, cov, time.perf_counter() - start
+
+
+def sequential_read(X, repeats):
+    def once():
+        start = time.perf_counter()
+        total = np.zeros(X.shape[1], np.float64)
+        for a in range(0, X.shape[0], BLOCK):
+            total += X[a:a + BLOCK].sum(0)
+        return time.perf_counter() - start
+
+    once(), once()  # page cache
+    return float(np.median([once() for _ in range(repeats)]))
+
+
+def accuracy(draws, mean, cov):
+    """min bulk ESS, max |mean error| in posterior sds, max relative sd error (draws: chains × draws × D)."""
+    sd = np.sqrt(np.diag(cov))
+    flat = draws.reshape(-1, draws.shape[-1])
+    ess = float(np.min(effective_sample_size(draws)))
+    return ess, float(np.max(np.abs(flat.mean(0) - mean) / sd)), float(np.max(np.abs(flat.std(0) / sd - 1)))
+
+
+def run(name, data, clock, key, draws):
+    model = make_model("logistic")
+    if name == "ConstantSGD-full":
+        kernel, s, chains, num_warmup, num_samples = ConstantSGD(model), 10_000, 1, 20, draws
+    else:
+        kernel, s, chains, num_warmup, num_samples = SGLD(model, control_variates=True), 1_000, 2, 500, 1_000
+    mcmc = MCMC(kernel, num_warmup=num_warmup, num_samples=num_samples, num_chains=chains,
+                chain_method="vectorized", progress_bar=False)
+    with PeakAnon() as memory:
+        c0, t0 = clock.seconds, time.perf_counter()
+        mcmc.warmup(key, *data, subsample_size=s)
+        jax.block_until_ready(mcmc.post_warmup_state)
+        c1, t1 = clock.seconds, time.perf_counter()
+        warm_passes = float(np.sum(np.asarray(mcmc.post_warmup_state.data_passes)))
+        mcmc.run(key, *data, subsample_size=s)
+        out = jax.block_until_ready(mcmc.get_samples(group_by_chain=True)["w"])
+        c2, t2 = clock.seconds, time.perf_counter()
+    state = mcmc.last_state
+    passes = float(np.sum(np.asarray(state.data_passes)))
+    control = getattr(state.kernel_state, "control", None)
+    centre = float(np.sum(np.asarray(control.passes))) if control is not None else 0.0
+    return dict(name=name, draws=np.asarray(out), compile_s=c2 - c0, warmup_s=t1 - t0 - (c1 - c0),
+                sampling_s=t2 - t1 - (c2 - c1), wall_s=t2 - t0, warmup_passes=warm_passes,
+                sampling_passes=passes - warm_passes, centre_passes=centre, anon_growth_gib=memory.growth,
+                anon_base_gib=memory.base)
+
+
+def in_memory(args):
+    """Peak anonymous memory of ConstantSGD-full on in-memory data: a NumPy array streamed from host
+    memory (``stream(X)``) against the same data as JAX arrays with ``jit_model_args=True``."""
+    rng = np.random.default_rng(0)
+    X = (rng.standard_normal((args.n, args.d), dtype=np.float32) / np.float32(np.sqrt(args.d)))
+    y = (rng.random(args.n) < 1 / (1 + np.exp(-(X @ rng.normal(size=args.d))))).astype(np.float32)
+    gib = (X.nbytes + y.nbytes) / 2**30
+    model = make_model("logistic")
+    print(f"in-memory data: N = {args.n:,}, D = {args.d}, {gib:.2f} GiB (X and y)")
+    for label, data, jit_args in (("stream(X), stream(y) from host memory", (stream(X), stream(y)), False),
+                                  ("jnp arrays, jit_model_args=True", (jnp.asarray(X), jnp.asarray(y)), True)):
+        mcmc = MCMC(ConstantSGD(model), num_warmup=20, num_samples=50, progress_bar=False,
+                    jit_model_args=jit_args)
+        with PeakAnon() as memory:
+            start = time.perf_counter()
+            mcmc.run(jax.random.key(0), *data, subsample_size=10_000)
+            jax.block_until_ready(mcmc.get_samples())
+        print(f"  {label}: {time.perf_counter() - start:.1f} s, peak RssAnon {memory.growth:.2f} GiB above the "
+              f"{memory.base:.2f} GiB held before = {memory.growth / gib:.2f}× the data (the host copy of X and "
+              "y is in the baseline)", flush=True)
+        del data, mcmc
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--n", type=int, default=20_000_000)
+    parser.add_argument("--d", type=int, default=20)
+    parser.add_argument("--dir", default="/tmp/numpyro_sgd_out_of_core")
+    parser.add_argument("--kernels", nargs="+", default=["ConstantSGD-full", "SGLD-CV"])
+    parser.add_argument("--draws", type=int, default=300, help="ConstantSGD-full's draws (about one pass each)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--in-memory", action="store_true")
+    args = parser.parse_args(argv)
+    if args.in_memory:
+        return in_memory(args)
+    px, py = write_data(args.dir, args.n, args.d)
+    X, y = np.load(px, mmap_mode="r"), np.load(py, mmap_mode="r")
+    gib = (X.nbytes + y.nbytes) / 2**30
+    print(f"data: {args.dir}, N = {args.n:,}, D = {args.d}, {gib:.2f} GiB on disk (X and y, float32)", flush=True)
+    mean, cov, seconds = reference(args.dir, X, y)
+    print("reference: float64 Laplace " + ("(cached)" if seconds is None else f"({seconds:.1f} s)"), flush=True)
+    read_s = sequential_read(X, args.repeats)
+    print(f"one sequential NumPy read of X from the page cache: {read_s:.2f} s (median of {args.repeats})", flush=True)
+    clock = CompileClock()
+    for name in args.kernels:
+        r = run(name, (X, y), clock, jax.random.key(0), args.draws)
+        ess, mean_err, sd_err = accuracy(r["draws"], mean, cov)
+        per_pass = r["sampling_s"] / r["sampling_passes"] if r["sampling_passes"] else float("nan")
+        ok = ess >= 100 and mean_err <= 0.15 and sd_err <= 0.10
+        print(f"{name}: compile {r['compile_s']:.1f} s; warmup {r['warmup_s']:.1f} s ({r['warmup_passes']:.1f} passes"
+              + (f", of which the centre {r['centre_passes']:.0f}" if r["centre_passes"] else "")
+              + f"); sampling {r['sampling_s']:.1f} s ({r['sampling_passes']:.1f} passes, {per_pass:.2f} s per pass = "
+              f"{per_pass / read_s:.2f}× one sequential read); end to end {r['wall_s']:.1f} s. min bulk ESS {ess:.0f}, "
+              f"max |mean error| {mean_err:.3f} sd, max sd error {100 * sd_err:.1f} %: "
+              + ("accurate" if ok else "NOT accurate")
+              + f". Peak RssAnon {r['anon_growth_gib']:.2f} GiB above the {r['anon_base_gib']:.2f} GiB before the run "
+              f"= {r['anon_growth_gib'] / gib:.3f}× the data's {gib:.2f} GiB", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,277 @@
+"""Data read where they lie: rows of a memory-mapped file, a directory of ``.npy`` shards or any
+row-sliceable array, gathered on the host for each minibatch.
+
+A NumPy memmap (``np.load(path, mmap_mode="r")``) passed as a model argument is wrapped in a
+:class:`StreamedRows` by the kernel; :func:`stream` wraps one by hand (a shard directory, a zarr
+or HDF5 array, or an in-memory NumPy array that should not be copied to the device). The model is
+unchanged: under the subsample plate it indexes ``X[idx]``, and that index becomes one host
+callback (:func:`jax.pure_callback`) that reads the minibatch's rows and hands them to the
+compiled step. With the cluster law (:func:`~numpyro_sgd.potential.cluster_indices`) those rows
+are a few runs of consecutive rows, which is what a page cache or a disk serves fastest. The
+full-data passes (the data check at init, the control-variate centre, ``loo_subsample`` and the
+log-likelihood in blocks) index the same way, block by block, so no program ever holds all N
+rows: memory is O(minibatch) on the device and O(page cache) on the host.
+
+A :class:`StreamedRows` is a JAX pytree with no leaves, so it passes through ``jax.jit``,
+``MCMC(..., jit_model_args=True)`` and ``vmap`` as a static value and is never converted to an
+array.
+"""
+
+import itertools
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["StreamedRows", "stream", "open_shards", "streamed_leaves", "streamed_sources", "check_memmaps"]
+
+_SERIAL = itertools.count()
+
+#: the words of :meth:`StreamedRows.gather`'s error for a row past the data (read by the plate check)
+PAST_THE_DATA = "asked of data with"
+
+
+def _row_contiguous(array):
+    """Whether each row of the NumPy ``array`` is one contiguous run of bytes in C order."""
+    if array.ndim <= 1:
+        return True
+    expected = array.dtype.itemsize
+    for size, stride in zip(reversed(array.shape[1:]), reversed(array.strides[1:])):
+        if size > 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _check_source(source, name):
+    shape = getattr(source, "shape", None)
+    dtype = getattr(source, "dtype", None)
+    if shape is None or dtype is None or not hasattr(source, "__getitem__"):
+        raise TypeError(f"{name}: {type(source).__name__} is not an array: a streamed source needs shape, dtype "
+                        "and row slicing (a NumPy memmap, a zarr or HDF5 array, a directory of .npy files).")
+    if len(shape) == 0:
+        raise ValueError(f"{name}: a streamed source needs at least one dimension (rows); got a scalar.")
+    dtype = np.dtype(dtype)
+    if dtype.kind not in "biuf":
+        raise ValueError(
+            f"{name}: the file's dtype {dtype} is not a number type a JAX model can take (bool, integers, "
+            "floats); convert it once, e.g. np.save(path, np.asarray(X, dtype=np.float32)), and pass the new file.")
+    if isinstance(source, np.ndarray) and not _row_contiguous(source):
+        order = "Fortran-order" if source.flags.f_contiguous else "non-contiguous"
+        raise ValueError(
+            f"{name}: the array is {order} (strides {source.strides} for shape {source.shape}): a row is not "
+            "one run of bytes, so every minibatch row would be read from all over the file. Write it in C "
+            "order once: np.save(path, np.ascontiguousarray(X)), and open that file with mmap_mode='r'.")
+    return tuple(int(d) for d in shape), dtype
+
+
+class StreamedRows:
+    """An (N, ...) array whose rows are read from ``source`` on the host when a traced index asks.
+
+    ``X[idx]`` with a traced (or JAX) integer ``idx`` is one :func:`jax.pure_callback` returning
+    ``source[idx]`` as an array of ``idx.shape + X.shape[1:]`` (a ``vmap`` over chains gathers all
+    chains' rows in one call); further indices in the same subscript (``X[idx, 0]``) apply to that
+    block. A static subscript (``X[:, 0]``, ``X[10:20]``) of a NumPy source is again streamed (a
+    view, nothing is read); of another source it is read. Anything that would need every row at
+    once (``jnp.asarray(X)``, ``X @ w``) raises: index the rows first.
+
+    :param source: an object with ``shape``, ``dtype`` and NumPy-style row indexing (NumPy arrays
+        and memmaps, :func:`open_shards`, zarr and h5py arrays), rows contiguous in C order.
+    :param str name: what error messages call it.
+    """
+
+    def __init__(self, source, name="stream"):
+        self.shape, self._source_dtype = _check_source(source, name)
+        self.source = source
+        self.name = name
+        self.dtype = jax.dtypes.canonicalize_dtype(self._source_dtype)
+        self._serial = next(_SERIAL)
+
+    ndim = property(lambda self: len(self.shape))
+    size = property(lambda self: int(np.prod(self.shape)))
+    nbytes = property(lambda self: self.size * self._source_dtype.itemsize)
+
+    def __len__(self):
+        return self.shape[0]
+
+    def __repr__(self):  # unique: a traced program's text names its callback, and equal text is reused
+        return f"StreamedRows#{self._serial}(shape={self.shape}, dtype={self._source_dtype}, source={type(self.source).__name__})"
+
+    def read(self, start, stop):
+        """Rows ``start:stop`` as a NumPy array (on the host)."""
+        return np.asarray(self.source[start:stop], dtype=self.dtype)
+
+    def gather(self, idx):
+        """``source[idx]`` on the host, for an integer array ``idx`` of any shape."""
+        idx = np.asarray(idx)
+        flat = idx.reshape(-1).astype(np.int64, copy=False)
+        n = self.shape[0]
+        if flat.size and (flat.min() < 0 or flat.max() >= n):
+            bad = int(flat.max()) if flat.max() >= n else int(flat.min())
+            raise IndexError(f"{self.name}: row {bad} {PAST_THE_DATA} {n} rows (a plate larger than the data)")
+        if isinstance(self.source, np.ndarray):
+            rows = np.take(self.source, flat, axis=0)
+        else:
+            rows = self._read_runs(flat)
+        return np.asarray(rows, dtype=self.dtype).reshape(idx.shape + self.shape[1:])
+
+    def _read_runs(self, flat):
+        """Rows ``flat`` of a non-NumPy source, read as sorted runs of consecutive rows (one slice
+        each: what zarr, HDF5 and shards serve fastest), then put back in the asked order."""
+        order = np.argsort(flat, kind="stable")
+        ordered = flat[order]
+        unique, inverse = np.unique(ordered, return_inverse=True)
+        breaks = np.flatnonzero(np.diff(unique) != 1) + 1
+        runs = [self.source[int(r[0]):int(r[-1]) + 1] for r in np.split(unique, breaks)] if unique.size else []
+        block = np.concatenate([np.asarray(r) for r in runs]) if runs else np.empty((0,) + self.shape[1:])
+        out = np.empty((flat.size,) + self.shape[1:], block.dtype)
+        out[order] = block[inverse]
+        return out
+
+    def __getitem__(self, key):
+        key = key if isinstance(key, tuple) else (key,)
+        rows, rest = key[0], key[1:]
+        if isinstance(rows, (jax.Array, np.ndarray)) and not isinstance(rows, StreamedRows):
+            if not jnp.issubdtype(jnp.result_type(rows), jnp.integer):
+                raise IndexError(f"{self.name}: rows are indexed by integers; got {jnp.result_type(rows)}")
+            idx = jnp.asarray(rows)
+            out = jax.pure_callback(self.gather, jax.ShapeDtypeStruct(idx.shape + self.shape[1:], self.dtype), idx,
+                                    vmap_method="expand_dims")
+            return out[(slice(None),) * idx.ndim + rest] if rest else out
+        if isinstance(self.source, np.ndarray):
+            view = self.source[key]
+            if np.ndim(view) >= 1 and not isinstance(rows, (int, np.integer)):
+                return StreamedRows(view, self.name)
+            return jnp.asarray(view)
+        return jnp.asarray(np.asarray(self.source[key]))
+
+    def _whole(self, *_, **__):
+        raise TypeError(
+            f"{self.name}: the model uses all {self.shape[0]:,} rows of a streamed array at once ({self!r}); a "
+            "streamed array is read one minibatch at a time. Index it with the plate's indices first "
+            "(with numpyro.plate('data', N, subsample_size=S) as idx: ... X[idx] ...).")
+
+    __array__ = __jax_array__ = _whole
+    __matmul__ = __rmatmul__ = __add__ = __radd__ = __mul__ = __rmul__ = __sub__ = __rsub__ = _whole
+    __truediv__ = __rtruediv__ = __neg__ = __iter__ = _whole
+
+
+jax.tree_util.register_pytree_node(StreamedRows, lambda s: ((), s), lambda s, _: s)
+
+
+class _Shards:
+    """The row-wise concatenation of ``.npy`` files of equal row shape and dtype, each memory-mapped."""
+
+    def __init__(self, paths, arrays):
+        self.paths = paths
+        self.arrays = arrays
+        self.offsets = np.cumsum([0] + [a.shape[0] for a in arrays])
+        self.shape = (int(self.offsets[-1]),) + arrays[0].shape[1:]
+        self.dtype = arrays[0].dtype
+
+    def __getitem__(self, key):
+        if isinstance(key, tuple):
+            rows, rest = key[0], key[1:]
+            return self[rows][(slice(None),) + rest]
+        if isinstance(key, (int, np.integer)):
+            k = int(np.searchsorted(self.offsets, key, side="right")) - 1
+            return self.arrays[k][key - self.offsets[k]]
+        if isinstance(key, slice):
+            start, stop, step = key.indices(self.shape[0])
+            if step != 1:
+                return self[np.arange(start, stop, step)]
+            parts = []
+            for k, a in enumerate(self.arrays):
+                lo, hi = max(start, self.offsets[k]), min(stop, self.offsets[k + 1])
+                if lo < hi:
+                    parts.append(a[lo - self.offsets[k]:hi - self.offsets[k]])
+            return np.concatenate(parts) if parts else np.empty((0,) + self.shape[1:], self.dtype)
+        idx = np.asarray(key)
+        shard = np.searchsorted(self.offsets, idx, side="right") - 1
+        out = np.empty(idx.shape + self.shape[1:], self.dtype)
+        for k in np.unique(shard):
+            where = shard == k
+            out[where] = self.arrays[k][idx[where] - self.offsets[k]]
+        return out
+
+
+def open_shards(directory, name=None):
+    """A :class:`StreamedRows` over every ``.npy`` file of ``directory`` (in name order), stacked
+    by rows; each file is memory-mapped, none is read whole.
+
+    :raises ValueError: when the directory holds no ``.npy`` file, or files whose row shape or
+        dtype differ (naming the first file that differs).
+    """
+    paths = sorted(os.path.join(directory, f) for f in os.listdir(directory) if f.endswith(".npy"))
+    name = name or f"open_shards({directory!r})"
+    if not paths:
+        raise ValueError(f"{name}: no .npy files in {directory}; write the shards with np.save(f'{{i:05d}}.npy', rows).")
+    arrays = [np.load(p, mmap_mode="r") for p in paths]
+    for p, a in zip(paths[1:], arrays[1:]):
+        if a.shape[1:] != arrays[0].shape[1:] or a.dtype != arrays[0].dtype:
+            raise ValueError(
+                f"{name}: shard {os.path.basename(p)} has rows of shape {a.shape[1:]} and dtype {a.dtype}, but "
+                f"{os.path.basename(paths[0])} has {arrays[0].shape[1:]} and {arrays[0].dtype}: every shard must "
+                "hold the same columns; rewrite the odd shards.")
+    for p, a in zip(paths, arrays):
+        _check_source(a, f"{name}: shard {os.path.basename(p)}")
+    return StreamedRows(_Shards(paths, arrays), name)
+
+
+def stream(source, name=None):
+    """``source`` as a :class:`StreamedRows`: a memmap, any row-sliceable array (zarr, h5py, NumPy in
+    host memory), a ``.npy`` path (memory-mapped) or a directory of ``.npy`` shards
+    (:func:`open_shards`). A :class:`StreamedRows` is returned as it is.
+
+    Pass the result as the model argument in place of the array; the model indexes it as before::
+
+        X = numpyro_sgd.stream("/data/X.npy")     # or np.load(path, mmap_mode="r"), wrapped by the kernel
+        mcmc.run(key, X, y)
+    """
+    if isinstance(source, StreamedRows):
+        return source
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        if os.path.isdir(path):
+            return open_shards(path, name)
+        return StreamedRows(np.load(path, mmap_mode="r"), name or f"stream({path!r})")
+    return StreamedRows(source, name or "stream")
+
+
+def _wrap_memmap(array):
+    """The memmap's :class:`StreamedRows`, made once and kept on the memmap (a cycle the garbage
+    collector frees with it), so that repeated calls hit the same compiled programs."""
+    rows = getattr(array, "_numpyro_sgd_rows", None)
+    if rows is None:
+        rows = StreamedRows(array, f"memory-mapped argument of shape {array.shape}")
+        array._numpyro_sgd_rows = rows
+    return rows
+
+
+def streamed_leaves(tree):
+    """``tree`` with every NumPy memmap leaf replaced by its :class:`StreamedRows` (one per memmap)."""
+    return jax.tree.map(lambda x: _wrap_memmap(x) if isinstance(x, np.memmap) else x, tree)
+
+
+def streamed_sources(tree):
+    """The :class:`StreamedRows` inside ``tree`` (model arguments)."""
+    return [x for x in jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, StreamedRows))
+            if isinstance(x, StreamedRows)]
+
+
+def check_memmaps(name, model_args, model_kwargs, mcmc):
+    """Raise before any compute when memmaps among the model arguments would be copied whole:
+    ``MCMC(..., jit_model_args=True)`` passes every argument into NumPyro's compiled loop, which
+    converts a memmap to one device array (the whole file, and its loop keeps another copy).
+    A :class:`StreamedRows` (:func:`stream`) has no array leaves and passes either way. Each
+    memmap is checked for what the streamed reader needs (:func:`_check_source`)."""
+    memmaps = [x for x in jax.tree.leaves((model_args, model_kwargs)) if isinstance(x, np.memmap)]
+    for m in memmaps:
+        _check_source(m, f"{name}: memory-mapped argument of shape {m.shape}")
+    if memmaps and mcmc is not None and getattr(mcmc, "_jit_model_args", False):
+        size = sum(m.nbytes for m in memmaps)
+        raise ValueError(
+            f"{name}: MCMC(..., jit_model_args=True) would copy the memory-mapped arguments ({size / 2**30:.2f} GiB) "
+            "whole into NumPyro's compiled loop. Wrap them, X = numpyro_sgd.stream(X), which reads minibatch "
+            "rows in place with either setting, or use MCMC's default jit_model_args=False.")

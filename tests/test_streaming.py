@@ -1,0 +1,127 @@
+"""Data read in place (numpyro_sgd.streaming): memory-mapped files, .npy shards and stream().
+
+The streamed path must give the same draws as the same data in device memory (the rows a step
+reads are the same rows, gathered on the host instead of by XLA), read nothing whole, and refuse
+before any compute what it cannot read in place, naming the argument and the fix.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from numpyro.infer import MCMC
+
+from numpyro_sgd import SGLD, ConstantSGD, StreamedRows, loo_subsample, open_shards, stream, to_arviz
+
+N, D, S = 4_000, 3, 100
+
+
+def model(X, y):
+    w = numpyro.sample("w", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0], subsample_size=S) as idx:
+        numpyro.sample("y", dist.Bernoulli(logits=X[idx] @ w), obs=y[idx])
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(N, D)).astype(np.float32)
+    y = (rng.random(N) < 1 / (1 + np.exp(-X @ np.array([1.0, -0.5, 0.25])))).astype(np.float32)
+    d = tmp_path_factory.mktemp("stream")
+    np.save(d / "X.npy", X)
+    np.save(d / "y.npy", y)
+    return d, X, y
+
+
+def run(kernel, *data, **mcmc_kwargs):
+    mcmc = MCMC(kernel, num_warmup=10, num_samples=40, progress_bar=False, **mcmc_kwargs)
+    mcmc.run(jax.random.key(0), *data)
+    return mcmc
+
+
+def test_memmap_draws_equal_device_draws(files):
+    d, X, y = files
+    Xm, ym = np.load(d / "X.npy", mmap_mode="r"), np.load(d / "y.npy", mmap_mode="r")
+    device = run(ConstantSGD(model), jnp.asarray(X), jnp.asarray(y)).get_samples()["w"]
+    streamed = run(ConstantSGD(model), Xm, ym)
+    np.testing.assert_allclose(np.asarray(streamed.get_samples()["w"]), np.asarray(device), rtol=1e-5, atol=1e-6)
+    # the full-data consumers read the file in blocks too
+    idata = to_arviz(streamed, log_likelihood=True)
+    ll = idata["log_likelihood"]["y"]
+    assert ll.shape[-1] == N and np.isfinite(np.asarray(ll)).all()
+    assert np.isfinite(loo_subsample(streamed, num_observations=200).elpd_loo)
+
+
+def test_stream_passes_jit_model_args_and_shards_read_as_one_file(files, tmp_path):
+    d, X, y = files
+    reference = run(ConstantSGD(model), jnp.asarray(X), jnp.asarray(y), jit_model_args=True).get_samples()["w"]
+    explicit = run(ConstantSGD(model), stream(str(d / "X.npy")), stream(d / "y.npy"), jit_model_args=True)
+    np.testing.assert_allclose(np.asarray(explicit.get_samples()["w"]), np.asarray(reference), rtol=1e-5, atol=1e-6)
+    for k, a in enumerate(range(0, N, 1_500)):  # shards of 1,500, 1,500 and 1,000 rows
+        (tmp_path / "X").mkdir(exist_ok=True)
+        np.save(tmp_path / "X" / f"{k:03d}.npy", X[a:a + 1_500])
+    sharded = run(ConstantSGD(model), open_shards(tmp_path / "X"), stream(d / "y.npy"), jit_model_args=True)
+    np.testing.assert_allclose(np.asarray(sharded.get_samples()["w"]), np.asarray(reference), rtol=1e-5, atol=1e-6)
+
+
+def test_control_variates_on_a_memmap(files):
+    d, X, y = files
+    Xm, ym = np.load(d / "X.npy", mmap_mode="r"), np.load(d / "y.npy", mmap_mode="r")
+    device = run(SGLD(model, control_variates=True), jnp.asarray(X), jnp.asarray(y)).get_samples()["w"]
+    streamed = run(SGLD(model, control_variates=True), Xm, ym).get_samples()["w"]
+    np.testing.assert_allclose(np.asarray(streamed), np.asarray(device), rtol=1e-4, atol=1e-5)
+
+
+def test_streamed_rows_index_like_an_array(files):
+    d, X, _ = files
+    rows = stream(d / "X.npy")
+    idx = jnp.array([3, 1, 2_000, 3])
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda i: rows[i])(idx)), X[np.asarray(idx)])
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda i: rows[i, 1])(idx)), X[np.asarray(idx), 1])
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda i: rows[:, 2][i])(idx)), X[np.asarray(idx), 2])
+    batched = jax.jit(jax.vmap(lambda i: rows[i]))(jnp.stack([idx, idx + 1]))
+    np.testing.assert_array_equal(np.asarray(batched), X[np.stack([np.asarray(idx), np.asarray(idx) + 1])])
+    assert isinstance(rows[10:20], StreamedRows) and rows.shape == (N, D) and len(rows) == N
+    with pytest.raises(TypeError, match="Index it with the plate's indices first"):
+        jnp.asarray(rows)
+    with pytest.raises(TypeError, match="all 4,000 rows of a streamed array"):
+        rows @ jnp.ones(D)
+
+
+def test_bad_files_are_refused_before_any_compute(files, tmp_path):
+    d, X, y = files
+    ym = np.load(d / "y.npy", mmap_mode="r")
+    np.save(tmp_path / "F.npy", np.asfortranarray(X))
+    with pytest.raises(ValueError, match="Fortran-order.*np.ascontiguousarray"):
+        run(ConstantSGD(model), np.load(tmp_path / "F.npy", mmap_mode="r"), ym)
+    np.save(tmp_path / "c.npy", X.astype(np.complex64))
+    with pytest.raises(ValueError, match="dtype complex64 is not a number type"):
+        run(ConstantSGD(model), np.load(tmp_path / "c.npy", mmap_mode="r"), ym)
+    np.save(tmp_path / "short.npy", X[:N - 10])
+
+    def longer(X, y):  # the plate's N from y, the rows from a shorter X
+        w = numpyro.sample("w", dist.Normal(0, 1).expand([D]).to_event(1))
+        with numpyro.plate("data", y.shape[0], subsample_size=S) as idx:
+            numpyro.sample("y", dist.Bernoulli(logits=X[idx] @ w), obs=y[idx])
+
+    with pytest.raises(ValueError, match=f"plate 'data' has size {N}.*row {N - 1} asked of data with {N - 10} rows"):
+        run(ConstantSGD(longer), np.load(tmp_path / "short.npy", mmap_mode="r"), ym)
+    (tmp_path / "shards").mkdir()
+    np.save(tmp_path / "shards" / "0.npy", X[:100])
+    np.save(tmp_path / "shards" / "1.npy", X[100:200, :2])
+    with pytest.raises(ValueError, match=r"shard 1.npy has rows of shape \(2,\).*\(3,\)"):
+        open_shards(tmp_path / "shards")
+    Xm = np.load(d / "X.npy", mmap_mode="r")
+    with pytest.raises(ValueError, match=r"jit_model_args=True\) would copy the memory-mapped.*numpyro_sgd.stream"):
+        run(ConstantSGD(model), Xm, ym, jit_model_args=True)
+
+
+def test_non_finite_rows_in_a_file_are_named(files, tmp_path):
+    d, X, y = files
+    bad = y.copy()
+    bad[1234] = np.nan
+    np.save(tmp_path / "nan.npy", bad)
+    with pytest.raises(ValueError, match=r"non-finite log-likelihood at 1 row\(s\) \[1234\]"):
+        run(ConstantSGD(model), np.load(d / "X.npy", mmap_mode="r"), np.load(tmp_path / "nan.npy", mmap_mode="r"))
