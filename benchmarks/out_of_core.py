@@ -24,7 +24,7 @@ What runs (one process, in this order)
    anonymous memory (``RssAnon``, sampled every 10 ms) above what the process held before the
    run, against the data's bytes.
 
-    python benchmarks/out_of_core.py --n 20000000 --dir /tmp/ooc20m     # 1.6 GB on disk
+    python benchmarks/out_of_core.py --n 20000000 --dir /tmp/ooc20m --breakdown     # 1.6 GB on disk
     python benchmarks/out_of_core.py --n 100000000 --dir /tmp/ooc100m --kernels SGLD-CV   # 8 GB
     python benchmarks/out_of_core.py --in-memory --n 2000000 --d 50     # peak memory, data in RAM
 """
@@ -164,27 +164,100 @@ def run(name, data, clock, key, draws):
                 anon_base_gib=memory.base)
 
 
+def marginal_pass(data, jit_args, repeats=3):
+    """Seconds per sampling data pass of ConstantSGD-full (S = 10,000, 1 chain): runs of 3 and 6
+    draws (one pass each) from the same warmed-up state, compile excluded; median of differences."""
+    mcmc = MCMC(ConstantSGD(make_model("logistic")), num_warmup=2, num_samples=3, progress_bar=False,
+                jit_model_args=jit_args)
+    mcmc.warmup(jax.random.key(0), *data, subsample_size=10_000)
+    warm = jax.block_until_ready(mcmc.post_warmup_state)
+    seconds = {3: [], 6: []}
+    for rep in range(repeats + 1):
+        for k in seconds:
+            mcmc.num_samples = k
+            mcmc.post_warmup_state = warm
+            start = time.perf_counter()
+            mcmc.run(jax.random.key(rep), *data, subsample_size=10_000)
+            jax.block_until_ready(mcmc.get_samples())
+            if rep:  # the first round compiles
+                seconds[k].append(time.perf_counter() - start)
+    return (float(np.median(seconds[6])) - float(np.median(seconds[3]))) / 3
+
+
+def breakdown(X, y, read_s):
+    """Where a streamed pass's time goes: the marginal pass of the same kernel on the memmaps and on
+    JAX arrays in device memory, an empty host callback in a compiled loop, and the host gathers
+    (``StreamedRows.gather``, timed inside the streamed runs: seconds per call, per array)."""
+    from numpyro_sgd.streaming import StreamedRows
+
+    timed_gather, spent = StreamedRows.gather, {}
+
+    def gather(self, idx):
+        start = time.perf_counter()
+        out = timed_gather(self, idx)
+        total, calls = spent.get(self.ndim, (0.0, 0))
+        spent[self.ndim] = (total + time.perf_counter() - start, calls + 1)
+        return out
+
+    StreamedRows.gather = gather
+    try:
+        streamed = marginal_pass((X, y), False)
+    finally:
+        StreamedRows.gather = timed_gather
+    device = marginal_pass((jnp.asarray(X), jnp.asarray(y)), True)
+    steps = X.shape[0] // 10_000
+    loop = jax.jit(lambda k: jax.lax.scan(lambda c, i: (c + jax.pure_callback(
+        lambda j: np.float32(0), jax.ShapeDtypeStruct((), jnp.float32), i), None), 0.0,
+        jax.random.randint(k, (5_000,), 0, 10))[0])
+    loop(jax.random.key(0)).block_until_ready()
+    start = time.perf_counter()
+    loop(jax.random.key(1)).block_until_ready()
+    callback = (time.perf_counter() - start) / 5_000
+    per_call = {ndim: total / calls for ndim, (total, calls) in spent.items()}
+    print(f"breakdown, ConstantSGD-full, S = 10,000 ({steps:,} steps a pass): a sampling pass costs {streamed:.2f} s "
+          f"streamed from the memmaps ({streamed / read_s:.2f}× one read) and {device:.2f} s on JAX arrays in "
+          f"device memory ({device / read_s:.2f}× one read), {1e6 * (streamed - device) / steps:.0f} µs more a step. "
+          f"An empty host callback in a compiled loop: {1e6 * callback:.0f} µs; a host gather in those runs: "
+          f"{1e6 * per_call.get(2, float('nan')):.0f} µs for X's rows and {1e6 * per_call.get(1, float('nan')):.0f} µs "
+          "for y's (two callbacks a step).", flush=True)
+
+
 def in_memory(args):
-    """Peak anonymous memory of ConstantSGD-full on in-memory data: a NumPy array streamed from host
-    memory (``stream(X)``) against the same data as JAX arrays with ``jit_model_args=True``."""
+    """Peak anonymous memory of ConstantSGD-full (20 warmup + 50 draws, S = 10,000) on in-memory
+    data, above what the process held before the data were made (JAX initialised): a NumPy array
+    streamed from host memory (``stream(X)``, ``jit_model_args=False``: one copy, the user's)
+    against the same data moved to JAX arrays (``jit_model_args=True``, the NumPy copy then
+    dropped: the device copy and what NumPyro's loop adds). One mode per process (``--mode``)."""
+    if args.mode is None:
+        import subprocess
+        import sys
+
+        for mode in ("stream", "device"):
+            subprocess.run([sys.executable, __file__, "--in-memory", "--mode", mode, "--n", str(args.n),
+                            "--d", str(args.d)], check=True)
+        return
+    jax.jit(lambda x: x + 1)(1.0)
+    base = rss_anon_gib()
     rng = np.random.default_rng(0)
-    X = (rng.standard_normal((args.n, args.d), dtype=np.float32) / np.float32(np.sqrt(args.d)))
+    X = rng.standard_normal((args.n, args.d), dtype=np.float32) / np.float32(np.sqrt(args.d))
     y = (rng.random(args.n) < 1 / (1 + np.exp(-(X @ rng.normal(size=args.d))))).astype(np.float32)
     gib = (X.nbytes + y.nbytes) / 2**30
-    model = make_model("logistic")
-    print(f"in-memory data: N = {args.n:,}, D = {args.d}, {gib:.2f} GiB (X and y)")
-    for label, data, jit_args in (("stream(X), stream(y) from host memory", (stream(X), stream(y)), False),
-                                  ("jnp arrays, jit_model_args=True", (jnp.asarray(X), jnp.asarray(y)), True)):
-        mcmc = MCMC(ConstantSGD(model), num_warmup=20, num_samples=50, progress_bar=False,
+    with PeakAnon() as memory:
+        start = time.perf_counter()
+        if args.mode == "stream":
+            data, jit_args, label = (stream(X), stream(y)), False, "stream(X), stream(y) from host memory"
+        else:
+            data, jit_args, label = (jnp.asarray(X), jnp.asarray(y)), True, "JAX arrays, jit_model_args=True"
+            del X, y
+        mcmc = MCMC(ConstantSGD(make_model("logistic")), num_warmup=20, num_samples=50, progress_bar=False,
                     jit_model_args=jit_args)
-        with PeakAnon() as memory:
-            start = time.perf_counter()
-            mcmc.run(jax.random.key(0), *data, subsample_size=10_000)
-            jax.block_until_ready(mcmc.get_samples())
-        print(f"  {label}: {time.perf_counter() - start:.1f} s, peak RssAnon {memory.growth:.2f} GiB above the "
-              f"{memory.base:.2f} GiB held before = {memory.growth / gib:.2f}× the data (the host copy of X and "
-              "y is in the baseline)", flush=True)
-        del data, mcmc
+        mcmc.run(jax.random.key(0), *data, subsample_size=10_000)
+        jax.block_until_ready(mcmc.get_samples())
+        seconds = time.perf_counter() - start
+    peak = memory.peak - base
+    print(f"in-memory data, N = {args.n:,}, D = {args.d}, {gib:.2f} GiB: {label}: {seconds:.1f} s; peak RssAnon "
+          f"{peak:.2f} GiB above the process before the data = {peak / gib:.2f}× the data ({peak - gib:.2f} GiB "
+          "beyond one copy)", flush=True)
 
 
 def main(argv=None):
@@ -192,10 +265,12 @@ def main(argv=None):
     parser.add_argument("--n", type=int, default=20_000_000)
     parser.add_argument("--d", type=int, default=20)
     parser.add_argument("--dir", default="/tmp/numpyro_sgd_out_of_core")
-    parser.add_argument("--kernels", nargs="+", default=["ConstantSGD-full", "SGLD-CV"])
+    parser.add_argument("--kernels", nargs="*", default=["ConstantSGD-full", "SGLD-CV"])
     parser.add_argument("--draws", type=int, default=300, help="ConstantSGD-full's draws (about one pass each)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--breakdown", action="store_true", help="also time a streamed pass against device memory")
     parser.add_argument("--in-memory", action="store_true")
+    parser.add_argument("--mode", choices=["stream", "device"], default=None, help="--in-memory: one mode")
     args = parser.parse_args(argv)
     if args.in_memory:
         return in_memory(args)
@@ -208,13 +283,16 @@ def main(argv=None):
     read_s = sequential_read(X, args.repeats)
     print(f"one sequential NumPy read of X from the page cache: {read_s:.2f} s (median of {args.repeats})", flush=True)
     clock = CompileClock()
+    if args.breakdown:
+        breakdown(X, y, read_s)
     for name in args.kernels:
         r = run(name, (X, y), clock, jax.random.key(0), args.draws)
         ess, mean_err, sd_err = accuracy(r["draws"], mean, cov)
         per_pass = r["sampling_s"] / r["sampling_passes"] if r["sampling_passes"] else float("nan")
         ok = ess >= 100 and mean_err <= 0.15 and sd_err <= 0.10
-        print(f"{name}: compile {r['compile_s']:.1f} s; warmup {r['warmup_s']:.1f} s ({r['warmup_passes']:.1f} passes"
-              + (f", of which the centre {r['centre_passes']:.0f}" if r["centre_passes"] else "")
+        print(f"{name}: compile {r['compile_s']:.1f} s; warmup {r['warmup_s']:.1f} s "
+              f"({r['warmup_passes']:.1f} SG passes"
+              + (f" and the centre's {r['centre_passes']:.0f} full-data passes" if r["centre_passes"] else "")
               + f"); sampling {r['sampling_s']:.1f} s ({r['sampling_passes']:.1f} passes, {per_pass:.2f} s per pass = "
               f"{per_pass / read_s:.2f}× one sequential read); end to end {r['wall_s']:.1f} s. min bulk ESS {ess:.0f}, "
               f"max |mean error| {mean_err:.3f} sd, max sd error {100 * sd_err:.1f} %: "

@@ -7,15 +7,16 @@ With a centre θ̂ and the full-data gradient ∇U(θ̂), computed once, the min
 
 (u_i = −log p(x_i | θ), u_0 the prior's part; Baker, Fearnhead, Fox & Nemeth 2019, Eq. 5 and
 Alg. 2 (SGLD-CV); Brosse, Durmus & Moulines 2018, Sec. 3 (FP: "fixed point")) is unbiased for
-∇U(θ), and its noise is (N²/S) Cov_i[∇u_i(θ) − ∇u_i(θ̂)] = O(N²/S · |θ − θ̂|² · Var_i ∇²u_i):
-at the posterior's scale, |θ − θ̂| = O(N^-½), it does not grow with N (ref. 1, Thm. 1), where the
+∇U(θ), and its noise is (N²/S) Cov_i[∇u_i(θ) − ∇u_i(θ̂)] = O(N²/S · ‖θ − θ̂‖² · Var_i ∇²u_i):
+at the posterior's scale, ‖θ − θ̂‖ = O(N^-½), it does not grow with N (ref. 1, Thm. 1), where the
 plain minibatch gradient's noise (N²/S) Cov_i ∇u_i grows like N²/S.
 
 * :func:`full_potential_and_grad`: U(θ) and ∇U(θ) in one streamed pass over the rows, in blocks
   of ``chunk_size`` (no N × D intermediate).
 * :func:`newton_centre`: θ̂ from a start near the mode (the end of the noise warmup) by Newton
-  steps with the full-data gradient and the Hessian estimated on a fixed set of rows, halving a
-  step that does not lower U; one data pass per step.
+  steps with the full-data gradient and the Hessian estimated on a fixed set of rows, a trust
+  region and a step shortened when the gradient at its end says it overshot; one data pass per
+  evaluated point.
 * :class:`ControlVariateOracle`: the oracle whose ``grad`` is ∇Û_cv; both gradients of a step are
   taken on the same gathered rows (one vmap over θ and θ̂).
 * :func:`control_variate_noise`: the covariance of ∇Û_cv at points a posterior sd from θ̂, and how

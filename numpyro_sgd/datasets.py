@@ -41,6 +41,7 @@ import numpy as np
 __all__ = [
     "DATA_ENV_VAR",
     "shuffle_rows",
+    "shuffle_to",
     "default_data_dir",
     "verify_sha256",
     "read_idx",
@@ -448,6 +449,69 @@ def shuffle_rows(*arrays, seed=0, chunk_rows=1 << 16):
         else:
             out.append(np.asarray(a)[order])
     return out[0] if len(out) == 1 else tuple(out)
+
+
+def shuffle_to(src, dst, *, seed=0, memory_bytes=1 << 30, chunk_rows=1 << 16):
+    """Write the rows of the ``.npy`` file(s) ``src`` in one random order to new ``.npy`` file(s)
+    ``dst``, in bounded memory (about ``memory_bytes`` plus a chunk), never holding a file whole.
+
+    The streamed kernels read clusters of consecutive rows, whose noise is that of random rows only
+    when the file is in random order (a file sorted by time, label or group makes the kernel warn
+    and fall back to random rows, which read slower). Two passes over the data (Sanders' scatter
+    shuffle): each row goes to one of K = ⌈bytes / memory_bytes⌉ temporary buckets, uniformly
+    and independently; each bucket is then read whole, permuted uniformly and appended. The
+    result is a uniformly random permutation, the same for every file of ``src``::
+
+        shuffle_to(["X.npy", "y.npy"], ["X_shuffled.npy", "y_shuffled.npy"], seed=0)
+
+    :param src: a path, or a list of paths of arrays with the same number of rows.
+    :param dst: the new path(s), as many as ``src``; the bucket files go to a temporary folder
+        beside the first.
+    :return: the number of buckets used.
+    """
+    import shutil
+    import tempfile
+
+    srcs = [src] if isinstance(src, (str, os.PathLike)) else list(src)
+    dsts = [dst] if isinstance(dst, (str, os.PathLike)) else list(dst)
+    if len(srcs) != len(dsts) or not srcs:
+        raise ValueError(f"shuffle_to: give as many destinations as sources; got {len(srcs)} and {len(dsts)}.")
+    arrays = [np.load(p, mmap_mode="r") for p in srcs]
+    n = arrays[0].shape[0] if arrays[0].ndim else None
+    if n is None or any(a.ndim == 0 or a.shape[0] != n for a in arrays):
+        raise ValueError("shuffle_to: every file needs the same number of rows; got shapes "
+                         f"{[a.shape for a in arrays]}.")
+    row_bytes = sum(a.dtype.itemsize * int(np.prod(a.shape[1:])) for a in arrays)
+    buckets = max(1, -(-n * row_bytes // int(memory_bytes)))
+    rng = np.random.default_rng(seed)
+    tmp = tempfile.mkdtemp(prefix="shuffle_to_", dir=os.path.dirname(os.path.abspath(dsts[0])))
+    try:
+        files = [[open(os.path.join(tmp, f"{i}_{j}.bin"), "wb") for j in range(buckets)] for i in range(len(arrays))]
+        counts = np.zeros(buckets, np.int64)
+        for start in range(0, n, chunk_rows):
+            labels = rng.integers(0, buckets, min(chunk_rows, n - start))
+            counts += np.bincount(labels, minlength=buckets)
+            for a, out in zip(arrays, files):
+                rows = np.ascontiguousarray(a[start:start + chunk_rows])
+                for j in range(buckets):
+                    rows[labels == j].tofile(out[j])
+        for out in files:
+            for f in out:
+                f.close()
+        targets = [np.lib.format.open_memmap(p, mode="w+", dtype=a.dtype, shape=a.shape) for p, a in zip(dsts, arrays)]
+        position = 0
+        for j in range(buckets):
+            order = rng.permutation(int(counts[j]))
+            for i, (a, t) in enumerate(zip(arrays, targets)):
+                block = np.fromfile(os.path.join(tmp, f"{i}_{j}.bin"), a.dtype).reshape((-1,) + a.shape[1:])
+                t[position:position + counts[j]] = block[order]
+            position += int(counts[j])
+        for t in targets:
+            t.flush()
+        del targets
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return buckets
 
 
 # ---------------------------------------------------------------------------- one process's rows

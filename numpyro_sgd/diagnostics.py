@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import math
+import os
 import warnings
 
 import jax
@@ -263,6 +264,14 @@ def to_arviz(mcmc, *args, chunk_size=10_000, log_likelihood="auto", **kwargs):
                 "groups are left out; pass log_likelihood=True to compute them anyway, or use "
                 "numpyro_sgd.loo_subsample for leave-one-out cross-validation at large N.",
                 UserWarning, stacklevel=find_stack_level())
+    if log_likelihood is True:
+        size, memory = _pointwise_bytes(kernel, chains, draws), _physical_memory_bytes()
+        if memory and size > memory / 2:
+            raise ValueError(
+                f"to_arviz: the pointwise log-likelihood would take {size / 2**30:,.1f} GiB (chains × draws × N × "
+                f"4 bytes), more than half of this machine's {memory / 2**30:,.1f} GiB. Use "
+                "numpyro_sgd.loo_subsample for leave-one-out cross-validation at large N, or thin the draws "
+                "(to_arviz of fewer draws), or pass log_likelihood=False.")
     if log_likelihood:
         args, kwargs = run_model_args(mcmc, samples, *((args, kwargs) if args or kwargs else (None, None)))
         groups["log_likelihood"] = pointwise_log_likelihood(kernel, samples, args, kwargs, chunk_size)
@@ -274,6 +283,14 @@ def to_arviz(mcmc, *args, chunk_size=10_000, log_likelihood="auto", **kwargs):
         "data_passes": float(np.sum(np.asarray(last.data_passes))),
     }
     return arviz_compat.from_dict(groups, attrs=attrs)
+
+
+def _physical_memory_bytes():
+    """This machine's memory in bytes (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 # ---------------------------------------------------------------------------- comparison

@@ -518,7 +518,7 @@ def exponential_step_size(noise, curvature, nonlinearity, target_inflation=TARGE
     covariance Q (``noise``, U units).
 
     Along a direction of curvature λ c the recursion is linear (see
-    :func:`_exponential_variance_error`); its variance error grows from 0 at h = c ε/2 → 0 (the
+    ``_exponential_variance_error``); its variance error grows from 0 at h = c ε/2 → 0 (the
     exact diffusion) to about δ + q/(2c) at h = ∞. The largest h on a grid up to ``max_step`` whose
     error is ≤ τ for λ = 1 ± δ and q = λ_max(Q) is taken; ε = 2h/c. With δ = 0 and no noise every
     h is exact (the Gaussian's own Ornstein–Uhlenbeck transition) and ``max_step`` is taken.

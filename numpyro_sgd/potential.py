@@ -253,7 +253,8 @@ def resolve_cluster_sizes(potential, model_args, model_kwargs, requested=None, k
                     f"is up to that much larger, so the chain mixes slower. "
                     + ("The kernel draws random rows instead (slower per data pass at this size). " if fallback
                        else "") +
-                    "Put the rows in random order once (numpyro_sgd.datasets.shuffle_rows(X, y, ...)) to get "
+                    "Put the rows in random order once (numpyro_sgd.datasets.shuffle_rows(X, y, ...); for "
+                    "files, numpyro_sgd.datasets.shuffle_to(['X.npy', 'y.npy'], ['Xs.npy', 'ys.npy'])) to get "
                     "the faster law" + (", or pass cluster_size=1." if not fallback else "."),
                     UserWarning, stacklevel=4)
                 if fallback:

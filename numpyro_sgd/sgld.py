@@ -169,7 +169,7 @@ class SGLD(SGKernel):
 
     *What it samples*: exactly the posterior when it is the Gaussian of H (any step, any centre);
     otherwise a law whose variance along a direction of curvature λ N (λ = 1 for the Gaussian
-    part) is off by |λ v − 1|, v = ((1 − e²) + (1 − e)² q/N)/(1 − a²), a = e − (1 − e)(λ − 1), q the
+    part) is off by abs(λ v − 1), v = ((1 − e²) + (1 − e)² q/N)/(1 − a²), a = e − (1 − e)(λ − 1), q the
     gradient noise's variance (:func:`~numpyro_sgd.noise.exponential_step_size`). *How ε is
     chosen*: at eight points a posterior sd from θ̂ (Laplace) the kernel measures, on 65,536
     fixed rows independent of H's, the control-variate noise Q and how far ∇U is from linear,

@@ -96,7 +96,8 @@ class StreamedRows:
         return self.shape[0]
 
     def __repr__(self):  # unique: a traced program's text names its callback, and equal text is reused
-        return f"StreamedRows#{self._serial}(shape={self.shape}, dtype={self._source_dtype}, source={type(self.source).__name__})"
+        return (f"StreamedRows#{self._serial}(shape={self.shape}, dtype={self._source_dtype}, "
+                f"source={type(self.source).__name__})")
 
     def read(self, start, stop):
         """Rows ``start:stop`` as a NumPy array (on the host)."""
@@ -206,7 +207,8 @@ def open_shards(directory, name=None):
     paths = sorted(os.path.join(directory, f) for f in os.listdir(directory) if f.endswith(".npy"))
     name = name or f"open_shards({directory!r})"
     if not paths:
-        raise ValueError(f"{name}: no .npy files in {directory}; write the shards with np.save(f'{{i:05d}}.npy', rows).")
+        raise ValueError(f"{name}: no .npy files in {directory}; write the shards with "
+                         "np.save(f'{i:05d}.npy', rows).")
     arrays = [np.load(p, mmap_mode="r") for p in paths]
     for p, a in zip(paths[1:], arrays[1:]):
         if a.shape[1:] != arrays[0].shape[1:] or a.dtype != arrays[0].dtype:

@@ -458,7 +458,8 @@ ROW_TESTS = {
     "`init_params` of the wrong shape": ["test_input_errors.py::test_bad_init_params_name_the_site_and_shapes",
                                          "test_input_errors.py::test_unbatched_init_params_for_vectorized_chains",
                                          "test_input_errors.py::test_list_init_params_are_converted"],
-    "rows that look ordered": ["test_minibatch_law.py::test_ordered_rows_are_detected_and_the_default_falls_back"],
+    "rows that look ordered": ["test_minibatch_law.py::test_ordered_rows_are_detected_and_the_default_falls_back",
+                               "test_streaming.py::test_shuffle_to_writes_one_random_order_in_bounded_memory"],
     "`cluster_size` that does not divide S": ["test_minibatch_law.py::test_cluster_size_errors_name_the_fix"],
     "a plate whose minibatch is half its data or more": [
         "test_run_checks.py::test_minibatch_near_full_data_is_refused_or_warned"],
@@ -525,6 +526,12 @@ ROW_TESTS = {
         "test_default_steps.py::test_without_warmup_no_step_is_taken_silently"],
     "`control_variates=True` or `integrator=\"exponential\"` with a given": [
         "test_control_variates.py::test_control_variates_refuse_what_they_cannot_do"],
+    "a memory-mapped argument (or `numpyro_sgd.stream(...)`) whose dtype": [
+        "test_streaming.py::test_bad_files_are_refused_before_any_compute"],
+    "memory-mapped arguments with `MCMC(..., jit_model_args=True)`": [
+        "test_streaming.py::test_bad_files_are_refused_before_any_compute"],
+    "`to_arviz(..., log_likelihood=True)` whose (chains, draws, N) pointwise array": [
+        "test_streaming.py::test_to_arviz_refuses_a_pointwise_log_likelihood_larger_than_memory"],
     "`control_variates=True` on a model with several subsample plates": [
         "test_control_variates.py::test_control_variates_refuse_what_they_cannot_do"],
     "`control_variates=True`: the centre": [

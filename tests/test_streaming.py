@@ -125,3 +125,36 @@ def test_non_finite_rows_in_a_file_are_named(files, tmp_path):
     np.save(tmp_path / "nan.npy", bad)
     with pytest.raises(ValueError, match=r"non-finite log-likelihood at 1 row\(s\) \[1234\]"):
         run(ConstantSGD(model), np.load(d / "X.npy", mmap_mode="r"), np.load(tmp_path / "nan.npy", mmap_mode="r"))
+
+
+def test_shuffle_to_writes_one_random_order_in_bounded_memory(files, tmp_path):
+    from numpyro_sgd.datasets import shuffle_to
+
+    d, X, y = files
+    order = np.argsort(y, kind="stable")  # a file sorted by the response
+    np.save(tmp_path / "Xs.npy", X[order])
+    np.save(tmp_path / "ys.npy", y[order])
+    buckets = shuffle_to([tmp_path / "Xs.npy", tmp_path / "ys.npy"], [tmp_path / "Xr.npy", tmp_path / "yr.npy"],
+                         memory_bytes=10_000, chunk_rows=500)
+    assert buckets == -(-N * 16 // 10_000)  # 4 float32 a row
+    Xr, yr = np.load(tmp_path / "Xr.npy"), np.load(tmp_path / "yr.npy")
+    # the same rows, paired as before, in an order unrelated to y
+    np.testing.assert_array_equal(np.sort(Xr[:, 0]), np.sort(X[:, 0]))
+    pairs = {tuple(r): v for r, v in zip(X[order].tolist(), y[order].tolist())}
+    assert all(pairs[tuple(r)] == v for r, v in zip(Xr.tolist(), yr.tolist()))
+    half = N // 2  # sorted: the first half all 0; shuffled: about the overall rate, within 4 binomial sds
+    rate = y.mean()
+    assert abs(yr[:half].mean() - rate) < 4 * np.sqrt(rate * (1 - rate) / half)
+    with pytest.warns(UserWarning, match="look ordered.*shuffle_to"):
+        ConstantSGD(model, cluster_size=25).algorithm(jax.random.key(0), np.load(tmp_path / "Xs.npy", mmap_mode="r"),
+                                                      np.load(tmp_path / "ys.npy", mmap_mode="r"))
+
+
+def test_to_arviz_refuses_a_pointwise_log_likelihood_larger_than_memory(files, monkeypatch):
+    import numpyro_sgd.diagnostics as diagnostics
+
+    d, X, y = files
+    mcmc = run(ConstantSGD(model), np.load(d / "X.npy", mmap_mode="r"), np.load(d / "y.npy", mmap_mode="r"))
+    monkeypatch.setattr(diagnostics, "_physical_memory_bytes", lambda: 2 * 40 * N * 4 - 8)  # just under 2× its size
+    with pytest.raises(ValueError, match=r"would take 0.0 GiB.*loo_subsample"):
+        to_arviz(mcmc, log_likelihood=True)
