@@ -30,7 +30,7 @@ bulk ESS, the largest mean error in reference sds and sd error, *accurate* (ESS 
 0.15 sd, sd error ≤ 10 %), and the peak resident memory of the method (``VmHWM`` after a reset)
 against the data's bytes. A method that is not accurate has no time to an accurate posterior.
 
-    python benchmarks/anchors.py --n 1000000 --likelihood logistic --d 50 --doc docs/results/anchors_logistic_1e6.md
+    python benchmarks/anchors.py --n 1000000 --likelihood logistic --d 50 --doc docs/results/anchors_logistic_1000000.md
 """
 
 from __future__ import annotations

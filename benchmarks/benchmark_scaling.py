@@ -100,10 +100,10 @@ Run
     python benchmarks/benchmark_scaling.py --methods ConstantSGD-full NUTS --subsample-sizes 1000 IASG-full=1000,10000
     python benchmarks/benchmark_scaling.py --merge a.json b.json --doc docs/all.md --out all.json  # combine runs
 
-Output: the tables on stdout, Markdown in ``--doc`` (default ``docs/benchmark_scaling.md``, with the
+Output: the tables on stdout, Markdown in ``--doc`` (default ``docs/results/benchmark_scaling.md``, with the
 command line, machine, date and package versions), JSON in ``--out`` (default
 ``examples/output/benchmark_scaling.json``) and the time-to-target plot (log-log) next to ``--doc``
-(``docs/benchmark_scaling.png``; skipped with a message if matplotlib is missing).
+(``docs/results/benchmark_scaling.png``; skipped with a message if matplotlib is missing).
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ from numpyro_sgd.diagnostics import compare
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "output" / "benchmark_scaling.json"
-DEFAULT_DOC = HERE.parent / "docs" / "benchmark_scaling.md"
+DEFAULT_DOC = HERE.parent / "docs" / "results" / "benchmark_scaling.md"
 LIKELIHOODS = ("logistic", "poisson")
 WEIGHT_SD = {"logistic": 1.0, "poisson": 0.5}
 SG_KERNELS = {"ConstantSGD-full": ConstantSGD, "SGFS-full": SGFS, "IASG-full": IASG}

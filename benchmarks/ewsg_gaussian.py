@@ -123,7 +123,7 @@ def parse_args(argv=None):
     p.add_argument("--sgld-step-size", type=float, default=5e-3, help="ε of SGLD and pSGLD (paper: 5e-3)")
     p.add_argument("--boot", type=int, default=200, help="bootstrap resamples for the SE")
     p.add_argument("--seed", type=int, default=0, help="seed of the c_i and of the chains")
-    p.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "docs"))
+    p.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "docs" / "results"))
     args = p.parse_args(argv)
     if args.quick:
         args.chains = 2000

@@ -295,7 +295,7 @@ def parse_args(argv=None):
                    help="step sizes at which SGHMC and EWSG are also compared at equal h (none: skip)")
     p.add_argument("--covtype-positive-class", type=int, default=2, help="cover type labelled 1 (1..7)")
     p.add_argument("--seed", type=int, default=0, help="seed of the split and of the runs")
-    p.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "docs"))
+    p.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "docs" / "results"))
     args = p.parse_args(argv)
     def parse_pairs(items, flag):
         pairs = []

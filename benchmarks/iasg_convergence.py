@@ -75,7 +75,7 @@ never stationary, this is what its estimate would drift towards if ε stopped de
 
 **Scaled down** (2 shared CPU cores): the paper runs 10³·D = 10⁴ passes with 100 chains. The
 default here is ``--passes 300`` with ``--chains 16`` per initialisation (32 chains per method);
-``docs/iasg_results.md`` and the figures in ``docs`` were made with ``--passes 1000`` (same
+``docs/results/iasg_results.md`` and the figures in ``docs`` were made with ``--passes 1000`` (same
 seeds: its numbers up to 300 passes are those of the default run). On CPU an SG step of 32
 vectorized chains costs little more than one of a single chain, so the cost grows with the
 passes far more than with the chains.
@@ -88,7 +88,7 @@ Runtime, measured on 2 CPU cores shared with other jobs (load average ≈ 6): de
 keep because the IASG program contains a host callback (its validity warning)::
 
     python benchmarks/iasg_convergence.py --out /tmp/iasg   # default: 300 passes
-    python benchmarks/iasg_convergence.py --passes 1000      # docs/iasg_fig{3,4,5}.png, docs/iasg_results.md
+    python benchmarks/iasg_convergence.py --passes 1000      # docs/results/iasg_fig{3,4,5}.png, docs/results/iasg_results.md
     python benchmarks/iasg_convergence.py --quick            # smoke test, to examples/output/iasg_quick
 
 Output: the tables (printed) and, in ``--out`` (default ``docs``; with ``--quick``
@@ -445,7 +445,7 @@ def parse_args(argv=None):
     args.fig3_chains = args.fig3_chains or (4 if q else 32)
     args.fig3_windows = args.fig3_windows or (5 if q else 25)
     args.nuts_warmup = args.nuts_warmup or (10 if q else 50)
-    args.out = args.out or (os.path.join(REPO, "examples", "output", "iasg_quick") if q else os.path.join(REPO, "docs"))
+    args.out = args.out or (os.path.join(REPO, "examples", "output", "iasg_quick") if q else os.path.join(REPO, "docs", "results"))
     if args.passes <= BURN_IN_PASSES + 2:
         parser.error(f"--passes must exceed {BURN_IN_PASSES + 2} (the first {BURN_IN_PASSES} passes are burn-in)")
     if not args.sgld_eps0 > 0:

@@ -79,7 +79,7 @@ Gaussian draws and ~30 element-wise operations per step, costs more than the gra
 map_estimate check
 ~25 s and the compilation ~13 s when not cached in ``.jax_cache``; ``--quick`` about 1 minute)::
 
-    python benchmarks/santa_nonconvex.py                  # 15 passes, 3 seeds -> docs/santa_nonconvex*
+    python benchmarks/santa_nonconvex.py                  # 15 passes, 3 seeds -> docs/results/santa_nonconvex*
     python benchmarks/santa_nonconvex.py --quick          # 3 passes, 1 seed, no check -> examples/output/
     python benchmarks/santa_nonconvex.py --passes 40 --seeds 5 --out /tmp/santa
 
@@ -316,7 +316,7 @@ def main(argv=None):
     num_seeds = args.seeds if args.seeds is not None else (1 if args.quick else 3)
     check = not (args.no_check or args.quick)
     here = os.path.dirname(os.path.abspath(__file__))
-    default_out = os.path.join(here, "output", "santa_nonconvex") if args.quick else os.path.join(here, "..", "docs")
+    default_out = os.path.join(here, "output", "santa_nonconvex") if args.quick else os.path.join(here, "..", "docs", "results")
     out = args.out or default_out
     if passes < 1 or num_seeds < 1 or args.eval_every < 1 or passes % args.eval_every:
         ap.error("--passes, --seeds, --eval-every must be >= 1 and --eval-every must divide --passes")

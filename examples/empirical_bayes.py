@@ -55,7 +55,7 @@ Protocol and choices (the paper gives the model, the data set and the algorithms
   shift θ_d· + c) its draws are too concentrated, E_q|θ|² is too small and the EM update
   λ = DK / E_q|θ|² too large. Smaller S means more noise and less of this bias, but also less
   stability: a wider chain lowers λ, which widens the chain further, and the run collapses
-  (λ → 0, θ → ∞). Measured at the defaults (``docs/empirical_bayes_diagnostics_results.md``,
+  (λ → 0, θ → ∞). Measured at the defaults (``docs/results/empirical_bayes_diagnostics_results.md``,
   three chain seeds each): S = 200 gives λ ≈ 120; S = 50 gives λ ≈ 26 in 3 of 3 seeds; S = 30
   gave λ = 12.5 in one seed and collapsed in two; S = 20 collapsed in all three. S = 50 is the
   smallest of these that was stable in every seed. At its λ the draws' E|θ|² equals the
@@ -87,8 +87,8 @@ images (``--train-size``); 9 grid values (``--grid``); VEM 6,000 + 20,000 SG ste
 passes; ``--bbvi-steps``). ``--quick``: 3,000 images, 5 grid values, VEM 3,000 + 8,000 steps,
 BBVI 4,000 steps (BBVI is then far from converged; a smoke test only).
 
-Results (``docs/empirical_bayes_results.md``, ``docs/empirical_bayes_pool2_results.md``,
-``docs/empirical_bayes_pool2_60k_results.md``, ``docs/empirical_bayes_diagnostics_results.md``):
+Results (``docs/results/empirical_bayes_results.md``, ``docs/results/empirical_bayes_pool2_results.md``,
+``docs/results/empirical_bayes_pool2_60k_results.md``, ``docs/results/empirical_bayes_diagnostics_results.md``):
 at full resolution VEM's λ ≈ 26 lies *outside* the flat bottom (+6 % validation loss), at
 14×14 (``--pool 2``) λ ≈ 1.87 lies inside it (+0.8 %, three seeds; with all 60,000 training
 images λ = 0.86, +0.55 %). Why: with a diagonal preconditioner the stationary law of constant
@@ -108,7 +108,7 @@ directions θ_d· + c carry no gradient noise (P A = 2 there: no forgetting). Wi
 and inside VEM that excess lowers λ, which widens the chain further, until it collapses.
 
 Run (measured on 2 CPU cores shared with other jobs; the numbers of the last runs are in
-``docs/empirical_bayes_results.md``)::
+``docs/results/empirical_bayes_results.md``)::
 
     python examples/empirical_bayes.py                 # default, about 2.5-5 minutes
     python examples/empirical_bayes.py --quick         # smoke run, about 1.5 minutes
@@ -118,8 +118,8 @@ Run (measured on 2 CPU cores shared with other jobs; the numbers of the last run
     python examples/empirical_bayes.py --laplace --vem-sweep 20 30 200 --vem-seeds 0 1 2 \\
         --bbvi-steps 80000 --bbvi-batch-size 500 --name empirical_bayes_diagnostics   # ~15 minutes
 
-Output: the table (printed), ``docs/NAME_results.md`` (table, command, runtime) and
-``docs/NAME.png`` (left: validation curve with both selected λ; right: the λ trajectories of
+Output: the table (printed), ``docs/results/NAME_results.md`` (table, command, runtime) and
+``docs/results/NAME.png`` (left: validation curve with both selected λ; right: the λ trajectories of
 VEM and BBVI against data passes), NAME = ``--name`` (``empirical_bayes``); ``--out`` changes
 the folder.
 """
@@ -475,7 +475,7 @@ def main(argv=None):
                    help="diagnostic: Laplace-approximation EM fixed point (exact Hessian; ~3 min more)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data", default=None, help="folder holding mnist/ (default: $NUMPYRO_SGD_DATA)")
-    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs"))
+    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "results"))
     p.add_argument("--name", default="empirical_bayes", help="output files NAME.png and NAME_results.md")
     args = p.parse_args(argv)
     q = args.quick

@@ -108,7 +108,7 @@ def _python_scalars(model_args, model_kwargs):
 
 
 #: warmup budget in data passes when the kernel chooses ``steps_per_sample`` (the noise warmup
-#: needs 10–20 passes on the problems of the tests and examples; see the README, "Speed")
+#: needs 10–20 passes on the problems of the tests and examples; see docs/performance.md)
 DEFAULT_WARMUP_PASSES = 20
 
 #: XLA options that make XLA:CPU compile a program several times faster. The legacy loop
@@ -257,7 +257,7 @@ class SGKernel(MCMCKernel):
     :param init_strategy: NumPyro init strategy for the unconstrained initial values.
     :param subsample_size: minibatch size S to use instead of the one the model's plate declares
         (an int for every subsample plate, or ``{plate name: S}``); the N/S scaling follows. Lets
-        you pick the throughput-optimal S without editing the model (see the README). ``"auto"``:
+        you pick the throughput-optimal S without editing the model (see docs/performance.md). ``"auto"``:
         the kernel picks S from N and the backend (:func:`~numpyro_sgd.potential.choose_subsample_size`:
         10⁴ on a CPU, 10⁵ on a GPU, at most N/10; N/100 for IASG); it does so too for a model whose
         data plate declares no subsample_size (NumPyro's one model for NUTS and SG).

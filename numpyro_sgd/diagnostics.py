@@ -968,7 +968,7 @@ def _gibbs_hint(kernel):
         return ""
     hint = (" With SGWithinGibbs, first put the outcome (not only the predictors) on unit scale: the group "
             "latents start on the unit scale, the hyperparameters are drawn given latents that have not yet "
-            "reached the data, and a collapsed group scale pins them there (docs/hierarchical.md).")
+            "reached the data, and a collapsed group scale pins them there (docs/results/hierarchical.md).")
     if kernel.group_warning is not None:  # the group-size cause applies: init found it
         hint += (" Groups with too few rows per minibatch also give this (init warned: "
                  + kernel.group_warning.removeprefix("SGWithinGibbs: ") + ")")

@@ -54,7 +54,7 @@ MASS_WINDOW_START = 0.4
 HOLD_FRACTION = 0.4
 #: fewest rows of each group in a minibatch (S / groups) below which SGWithinGibbs warns: measured
 #: on the OSIC-shaped model, 2.8 and 8.5 rows per group gave σ_β 0.86 and 0.50 NUTS sd off, 10
-#: (random-intercept logistic) and 11.4 (OSIC at 2·10⁴ and 2·10⁵ rows) met 0.2 sd (docs/hierarchical.md)
+#: (random-intercept logistic) and 11.4 (OSIC at 2·10⁴ and 2·10⁵ rows) met 0.2 sd (docs/results/hierarchical.md)
 MIN_ROWS_PER_GROUP = 10
 #: first step size of the φ transition (in units of the adapted mass: about the conditional sd)
 INITIAL_STEP_SIZE = 0.5

@@ -400,7 +400,7 @@ def loo_subsample(run, samples=None, *, num_observations=400, observations=None,
        p_loo then uses lpd_i weighted by the smoothed weights p/g, and the Pareto k of p/g is
        reported (``posterior_k``; a warning above 0.7). It costs one full-data likelihood pass per
        draw (O(S N) time, O(S × chunk) memory), so thin the draws to a few hundred. Not the
-       default: measured on SG draws at N = 10⁶–10⁷ (``docs/loo_large_n.md``) it raised the
+       default: measured on SG draws at N = 10⁶–10⁷ (``docs/results/loo_large_n.md``) it raised the
        subsampling SE 10–100× through the noise of the fitted g.
 
     :param run: a finished :class:`numpyro.infer.MCMC` run of a numpyro_sgd kernel, or a

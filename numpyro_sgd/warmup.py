@@ -157,7 +157,7 @@ def warmup_refresh_every(dim):
     full moments costs 1.5× a plain step at D = 10 and 1.8–2.8× at D = 50, so with k = 4 at
     D = 50 warmup costs ≤ 1.5× sampling per SG step. Up to D = 16 (k = 1) every step refreshes.
     The noise average then holds (window length)/k minibatch covariances; give warmup enough
-    steps (README, "Speed": 10–20 data passes).
+    steps (docs/performance.md: 10–20 data passes).
     """
     return min(8, -(-dim // 16))
 

@@ -82,3 +82,40 @@ def test_the_readme_quick_start_runs_as_written(capsys):
     w = np.asarray(namespace["samples"]["w"])
     assert w.shape == (1000, 3)
     assert np.all(np.abs(w.mean(0) - w_true) < 5 * w.std(0))
+
+
+def test_the_package_names_only_pages_and_readme_sections_that_exist():
+    """Every ``docs/...md`` (or ``.png``) a module, example or benchmark mentions exists, and every
+    README section a module cites (README, "Section" / the README's "Section") is a heading of it."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    headings = set(re.findall(r"^#+ (.+?)\s*$", readme, re.M))
+    sources = [*sorted((ROOT / "numpyro_sgd").glob("*.py")), *sorted((ROOT / "examples").glob("*.py")),
+               *sorted((ROOT / "benchmarks").glob("*.py")), ROOT / "README.md"]
+    missing, sections = [], []
+    for path in sources:
+        text = path.read_text(encoding="utf-8")
+        # a command's output path (--doc docs/x.md) and a NAME placeholder are not mentions of a page
+        for page in re.findall(r"(?<!--doc )docs/[\w/.-]+?\.(?:md|png)\b", text):
+            if "NAME" not in page and not (ROOT / page).exists():
+                missing.append(f"{path.name}: {page}")
+        for section in re.findall(r"README(?:'s)?,? \"([^\"]+)\"", text):
+            if section not in headings:
+                sections.append(f"{path.name}: README \"{section}\"")
+    assert missing == [] and sections == []
+
+
+def test_results_live_under_results_and_old_addresses_forward():
+    """No results page or image at the top of docs/ (the guide's pages only); every page that moved
+    under docs/results/ is there, and the site writes a forwarding page at its old address."""
+    import ast
+
+    conf = (ROOT / "docs" / "conf.py").read_text(encoding="utf-8")
+    moved = ast.literal_eval(re.search(r"MOVED_TO_RESULTS = (\[.*?\])", conf, re.S).group(1))
+    assert [m for m in moved if not (ROOT / "docs" / "results" / f"{m}.md").exists()] == []
+    assert [m for m in moved if (ROOT / "docs" / f"{m}.md").exists()] == []
+    assert sorted(p.name for p in (ROOT / "docs").glob("*.png")) == []
+    index = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    results = index[index.index(":caption: Results"):]
+    results = results[:results.index("```")]
+    entries = re.findall(r"^([\w/]+)$", results, re.M)
+    assert entries and [e for e in entries if not e.startswith("results/")] == []
