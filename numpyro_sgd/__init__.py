@@ -29,7 +29,7 @@ from .gibbs import SGWithinGibbs, SGWithinGibbsState, centre_loc_scale, hyper_ca
 from .iasg import IASG, IASGState, iasg
 from .loo import LooSubsample, compare_loo, loo_subsample
 from .potential import MinibatchOracle, PlateInfo, SubsampledPotential
-from .santa import Santa, SantaState, map_estimate, santa, santa_algorithm
+from .santa import Santa, SantaKernelState, SantaState, map_estimate, santa, santa_algorithm
 from .schedules import polynomial_annealing, robbins_monro
 from .sgfs import SGFS, SGFSState, sgfs
 from .sghmc import SGHMC, SGHMCState, sghmc
@@ -78,6 +78,7 @@ __all__ = [
     "SGWithinGibbsState",
     "Santa",
     "SantaState",
+    "SantaKernelState",
     "StepInfo",
     "SubsampledPotential",
     "VariationalEM",

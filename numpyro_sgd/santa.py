@@ -181,7 +181,9 @@ def _check_hyper(name, decay, damping, scheme):
 
 
 class SantaKernelState(NamedTuple):
-    """State of the :func:`santa_algorithm` algorithm (one chain)."""
+    """Kernel state of :class:`Santa` (``mcmc.last_state.kernel_state``) and of the
+    :func:`santa_algorithm` algorithm (one chain); :class:`SantaState` is the update's own state,
+    what the optimizer :func:`santa` carries."""
 
     #: the Santa update's state (v, u, α, g_{t−1}, count)
     santa: SantaState
