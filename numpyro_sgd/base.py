@@ -69,10 +69,10 @@ from .potential import (
     AllRows,
     MinibatchOracle,
     SubsampledPotential,
-    _is_tracer,
-    _split_arrays,
     as_jax_args,
+    is_tracer,
     resolve_cluster_sizes,
+    split_arrays,
 )
 from .protocol import SampleBlock, SGAlgorithm, SGState, StepInfo
 from .sharding import DataParallelOracle, check_mesh
@@ -529,7 +529,7 @@ class SGKernel(MCMCKernel):
         """``find()``, computed once per data: kept under ``what`` for the next :meth:`init` with
         the same model arguments (arrays by identity, kept alive with the entry) and ``plates``;
         dropped on pickling."""
-        arrays, _, key = _split_arrays(model_args, model_kwargs)
+        arrays, _, key = split_arrays(model_args, model_kwargs)
         entry = self._per_data.get(what)
         if entry is None or entry[0] != (key, plates):
             entry = self._per_data[what] = ((key, plates), arrays, find())
@@ -558,7 +558,7 @@ class SGKernel(MCMCKernel):
         passes, block = self._warmup_passes, self._algorithm.block
         if passes is None and self._steps_per_sample_option is None and block.steps and not block.summarises:
             passes = DEFAULT_WARMUP_PASSES
-        if block.summarises or passes is None or _is_tracer(num_warmup) or num_warmup < 1:
+        if block.summarises or passes is None or is_tracer(num_warmup) or num_warmup < 1:
             return self._steps_per_sample
         total = math.ceil(passes * self._potential.steps_per_pass)
         return max(1, math.ceil(total / num_warmup))
@@ -567,7 +567,7 @@ class SGKernel(MCMCKernel):
         model_kwargs = {} if model_kwargs is None else model_kwargs
         check_memmaps(type(self).__name__, model_args, model_kwargs, _calling_mcmc())
         model_args, model_kwargs = streamed_leaves((model_args, model_kwargs))
-        if self._mesh is not None and _is_tracer(rng_key):  # NumPyro's chain_method="parallel" (pmap)
+        if self._mesh is not None and is_tracer(rng_key):  # NumPyro's chain_method="parallel" (pmap)
             raise ValueError(
                 f"{type(self).__name__}: mesh= splits the data rows over the mesh's devices, and "
                 "chain_method='parallel' would put one chain on each device as well (JAX then reports a "
@@ -576,10 +576,10 @@ class SGKernel(MCMCKernel):
                 "or 'sequential' with mesh=, or drop mesh= to run parallel chains."
             )
         vectorized = not is_prng_key(rng_key)
-        if not isinstance(num_warmup, int) and not _is_tracer(num_warmup):
+        if not isinstance(num_warmup, int) and not is_tracer(num_warmup):
             num_warmup = int(num_warmup)
         algorithm = self._setup(rng_key[0] if vectorized else rng_key, model_args, model_kwargs)
-        if not _is_tracer((model_args, model_kwargs)):  # not under pmap (chain_method="parallel")
+        if not is_tracer((model_args, model_kwargs)):  # not under pmap (chain_method="parallel")
             self._run_args = (model_args, model_kwargs)
             self._static_args = _python_scalars(model_args, model_kwargs)
         potential = self._potential
@@ -590,17 +590,17 @@ class SGKernel(MCMCKernel):
         check_problem_size(name, potential)
         warn_short_blocks(name, algorithm, self._steps_per_sample)
         wrapped = isinstance(self, SGWrapper)
-        if not _is_tracer((model_args, model_kwargs)) and not getattr(self, "_hyper_warned", False) and not wrapped:
+        if not is_tracer((model_args, model_kwargs)) and not getattr(self, "_hyper_warned", False) and not wrapped:
             self._hyper_warned = True
             warn_hyper_candidates(name, potential, self._model, model_args, model_kwargs)
-        if not _is_tracer((model_args, model_kwargs)):
-            key = _split_arrays(model_args, model_kwargs)[2]
+        if not is_tracer((model_args, model_kwargs)):
+            key = split_arrays(model_args, model_kwargs)[2]
             if self._cost_checked != key:
                 self._cost_checked = key
                 warn_full_data_steps(name, potential, model_args, model_kwargs)
         self._warmup_steps_per_iteration = self._warmup_steps(num_warmup)
         num_warmup_steps = num_warmup * self._warmup_steps_per_iteration
-        if not _is_tracer(num_warmup_steps) and num_warmup_steps >= 2**31:
+        if not is_tracer(num_warmup_steps) and num_warmup_steps >= 2**31:
             raise ValueError(
                 f"{type(self).__name__}: num_warmup × SG steps per warmup iteration = {num_warmup_steps:,} warmup "
                 "steps, beyond the int32 step counter (2³¹ − 1); lower num_warmup, steps_per_sample or "
@@ -615,7 +615,7 @@ class SGKernel(MCMCKernel):
                     f"{type(self).__name__}: init_params lacks the latent sites {sorted(missing)}; "
                     "give unconstrained values for every latent site."
                 )
-            if not _is_tracer(init_params):
+            if not is_tracer(init_params):
                 init_params = check_init_params(type(self).__name__, init_params, potential.view,
                                                 rng_key.shape[0] if vectorized else None)
 
@@ -639,13 +639,13 @@ class SGKernel(MCMCKernel):
 
         init_chains = jax.vmap(init_one, in_axes=(0, 0, None, None)) if vectorized else init_one
         state = self._compiled_init(init_chains, rng_key, init_params, model_args, model_kwargs, num_warmup_steps)
-        if not _is_tracer((state.z, model_args, model_kwargs)):
-            arrays, _, key = _split_arrays(model_args, model_kwargs)
+        if not is_tracer((state.z, model_args, model_kwargs)):
+            arrays, _, key = split_arrays(model_args, model_kwargs)
             if self._data_checked != key:
                 check_data(name, self, state, vectorized, arrays + [r.source for r in streamed_sources(model_args)],
                            model_args, model_kwargs)
                 self._data_checked = key
-        if not _is_tracer(state.potential_energy) and not np.isfinite(np.asarray(state.potential_energy)).all():
+        if not is_tracer(state.potential_energy) and not np.isfinite(np.asarray(state.potential_energy)).all():
             raise ValueError(
                 f"{type(self).__name__}: the potential is not finite at the initial point; check the "
                 "model (e.g. data outside the likelihood's support) or pass another init_strategy / "
@@ -663,7 +663,7 @@ class SGKernel(MCMCKernel):
         It reads the post-warmup state, so Python waits for warmup to finish before NumPyro
         compiles the sampling loop (no overlap of the two); the other kernels pay nothing."""
         relaxation = self._get_algorithm().block.relaxation
-        if relaxation is None or _is_tracer((state.kernel_state, num_warmup)) or num_warmup == 0:
+        if relaxation is None or is_tracer((state.kernel_state, num_warmup)) or num_warmup == 0:
             return
         mcmc = _calling_mcmc()
         if mcmc is None:
@@ -682,9 +682,9 @@ class SGKernel(MCMCKernel):
         the same number of chains and the same ``num_warmup_steps`` and ``init_params`` structure. Under ``pmap``
         (``chain_method="parallel"``) it is simply called: it is traced already.
         """
-        if _is_tracer((rng_key, init_params, model_args, model_kwargs)):
+        if is_tracer((rng_key, init_params, model_args, model_kwargs)):
             return init_chains(rng_key, init_params, model_args, model_kwargs)
-        arrays, rebuild, key = _split_arrays(model_args, model_kwargs)
+        arrays, rebuild, key = split_arrays(model_args, model_kwargs)
         key = (key, num_warmup_steps, jax.tree.structure(init_params), jnp.shape(rng_key))  # shape: chains
         if self._init_program is None or self._init_program[0] != key:
             program = jax.jit(lambda rng_key, init_params, arrays: init_chains(rng_key, init_params, *rebuild(arrays)),
@@ -740,8 +740,8 @@ class SGKernel(MCMCKernel):
         ``numpyro.plate`` cannot use. The values are those of the run's :meth:`init`."""
         model_args, model_kwargs = streamed_leaves((model_args, model_kwargs))
         positions, names = self._static_args
-        model_args = tuple(positions[i] if i in positions and _is_tracer(a) else a for i, a in enumerate(model_args))
-        model_kwargs = {k: names[k] if k in names and _is_tracer(v) else v for k, v in model_kwargs.items()}
+        model_args = tuple(positions[i] if i in positions and is_tracer(a) else a for i, a in enumerate(model_args))
+        model_kwargs = {k: names[k] if k in names and is_tracer(v) else v for k, v in model_kwargs.items()}
         return model_args, model_kwargs
 
     def _plain_burn_in(self):
@@ -820,13 +820,13 @@ class SGKernel(MCMCKernel):
         calls of the same program with a bar of its own. Under ``pmap``
         (``chain_method="parallel"``) the loop is part of NumPyro's traced init.
         """
-        if self._plain_burn_in() or (not _is_tracer(num_warmup) and num_warmup == 0):
+        if self._plain_burn_in() or (not is_tracer(num_warmup) and num_warmup == 0):
             return state
-        if _is_tracer((state, model_args, model_kwargs)):
+        if is_tracer((state, model_args, model_kwargs)):
             state = lax.fori_loop(0, num_warmup, lambda _, s: self._iteration(s, model_args, model_kwargs, True),
                                   state)
         else:
-            arrays, rebuild, key = _split_arrays(model_args, model_kwargs)
+            arrays, rebuild, key = split_arrays(model_args, model_kwargs)
             key = (key, self._warmup_steps_per_iteration, jax.tree.structure(state),
                    tuple((jnp.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(state)))
             if self._warmup_program is None or self._warmup_program[0] != key:
@@ -842,7 +842,7 @@ class SGKernel(MCMCKernel):
                 state = self._warmup_with_progress(program, state, num_warmup, arrays)
             else:
                 state = program(state, np.int32(num_warmup), arrays)
-        if _is_tracer((state.idle_iterations, num_warmup)):
+        if is_tracer((state.idle_iterations, num_warmup)):
             return state._replace(idle_iterations=jnp.full_like(state.idle_iterations, num_warmup))
         # from NumPy: an eager jnp.full_like (or jnp.asarray) would be one more XLA compilation per run
         idle = np.full(np.shape(state.idle_iterations), num_warmup, np.asarray(state.idle_iterations).dtype)

@@ -40,7 +40,7 @@ from numpyro.infer.hmc_util import build_tree, dual_averaging, euclidean_kinetic
 from numpyro.util import find_stack_level
 
 from .base import SGAlgorithm, SGKernel, SGWrapper
-from .potential import _FlatView, _split_arrays, as_jax_args
+from .potential import FlatView, as_jax_args, split_arrays
 from .structure import centre_loc_scale, classify_sites, hyper_candidates, prior_dependencies, support_conflict
 
 __all__ = ["SGWithinGibbs", "SGWithinGibbsState", "sg_within_gibbs", "hyper_candidates", "centre_loc_scale"]
@@ -143,7 +143,7 @@ def rows_per_group(potential, sites, model_args, model_kwargs, max_rows=GROUP_SC
     cols = np.concatenate([np.arange(offsets[k], offsets[k] + sizes[k]) for k in sites])
     # only the array arguments are traced: the others (a Python int group count, which a plate's
     # size needs concrete) stay as they are, as in the potential's own jitted calls
-    arrays, rebuild, _ = _split_arrays(*args)
+    arrays, rebuild, _ = split_arrays(*args)
 
     @jax.jit
     def touched(idx, valid, arrays):
@@ -253,7 +253,7 @@ def _split_indices(view, hyper_names):
     hyper_idx, z_idx, shapes = [], [], dict(zip(view.names, view.shapes))
     for k, n in enumerate(view.names):
         (hyper_idx if n in hyper_names else z_idx).extend(range(offsets[k], offsets[k + 1]))
-    hyper_view = _FlatView({n: np.zeros(shapes[n]) for n in hyper_names})
+    hyper_view = FlatView({n: np.zeros(shapes[n]) for n in hyper_names})
     return np.asarray(hyper_idx, np.int32), np.asarray(z_idx, np.int32), hyper_view
 
 

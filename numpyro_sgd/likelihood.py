@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro import handlers
 
-from .potential import _SetPlateIndices, _split_arrays, as_jax_args
+from .potential import SetPlateIndices, as_jax_args, split_arrays
 
 __all__ = ["log_likelihood_chunks"]
 
@@ -41,7 +41,7 @@ def log_likelihood_chunks(kernel, samples, model_args=(), model_kwargs=None, chu
     model = kernel.subsampled_model
     if potential.param_values:
         model = handlers.substitute(model, data=potential.param_values)
-    arrays, rebuild, _ = _split_arrays(model_args, model_kwargs)
+    arrays, rebuild, _ = split_arrays(model_args, model_kwargs)
     base_idx = {p.name: jnp.arange(min(p.subsample_size, p.size)) for p in potential.plates}
     for plate in potential.plates:
         sites = potential.observed[plate.name]
@@ -53,7 +53,7 @@ def log_likelihood_chunks(kernel, samples, model_args=(), model_kwargs=None, chu
         def one(values, chunk_idx, arrays, _plate=plate.name, _sites=sites):
             args, kwargs = rebuild(arrays)
             idx = dict(base_idx, **{_plate: chunk_idx})
-            m = handlers.substitute(_SetPlateIndices(model, indices=idx), data=values)
+            m = handlers.substitute(SetPlateIndices(model, indices=idx), data=values)
             tr = handlers.trace(m).get_trace(*args, **kwargs)
             res = {}
             for k in _sites:

@@ -41,7 +41,7 @@ from jax import random
 from numpyro.util import find_stack_level
 
 from . import arviz_compat
-from .diagnostics import require_run, fit_gaussian, log_likelihood_chunks, run_model_args
+from .diagnostics import fit_gaussian, log_likelihood_chunks, require_run, run_model_args
 
 __all__ = ["APPROXIMATIONS", "LooSubsample", "loo_subsample", "compare_loo"]
 
@@ -266,7 +266,7 @@ def _observed_at(kernel, samples, args, kwargs, batch_ndims, plate, var_name, ob
     """The observed values of ``var_name`` at the data indices ``obs`` (one trace of the model)."""
     from numpyro import handlers
 
-    from .potential import _SetPlateIndices, as_jax_args
+    from .potential import SetPlateIndices, as_jax_args
 
     args, kwargs = as_jax_args((args, kwargs))
     potential = kernel.potential
@@ -276,7 +276,7 @@ def _observed_at(kernel, samples, args, kwargs, batch_ndims, plate, var_name, ob
     model = kernel.subsampled_model
     if potential.param_values:
         model = handlers.substitute(model, data=potential.param_values)
-    model = handlers.seed(handlers.substitute(_SetPlateIndices(model, indices=idx), data=first), 0)
+    model = handlers.seed(handlers.substitute(SetPlateIndices(model, indices=idx), data=first), 0)
     return np.asarray(handlers.trace(model).get_trace(*args, **kwargs)[var_name]["value"])
 
 
@@ -337,10 +337,10 @@ def _log_joint_minus_log_g(kernel, theta, ll_total, args, kwargs):
     log p(θ_s, y) = −U(θ_s) = log p(θ_s) + log|J(θ_s)| + Σ_i log p(y_i | θ_s), the full-data log joint
     of the unconstrained θ (``ll_total`` holds the streamed likelihood sum).
     """
-    from .base import _split_arrays
+    from .base import split_arrays
 
     potential = kernel.potential
-    arrays, rebuild, _ = _split_arrays(args, kwargs)
+    arrays, rebuild, _ = split_arrays(args, kwargs)
     prior = jax.jit(jax.vmap(lambda t, a: potential.prior_potential(t, *rebuild(a)), in_axes=(0, None)))
     log_p = ll_total - np.asarray(prior(jnp.asarray(theta), arrays), dtype=float)
     mean, cov = fit_gaussian(theta)
@@ -469,9 +469,9 @@ def loo_subsample(run, samples=None, *, num_observations=400, observations=None,
         if num_observations == n:
             obs = np.arange(n)
         else:
-            from .potential import _subset_without_replacement
+            from .potential import subset_without_replacement
 
-            obs = np.sort(np.asarray(_subset_without_replacement(key, n, int(num_observations))))
+            obs = np.sort(np.asarray(subset_without_replacement(key, n, int(num_observations))))
     m = obs.shape[0]
 
     # ---- the draws, θ̄, and the streamed pass(es) over all N

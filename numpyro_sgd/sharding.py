@@ -31,7 +31,7 @@ from jax import lax, random
 from jax.sharding import PartitionSpec
 from numpyro.primitives import Messenger
 
-from .potential import MinibatchOracle, _split_arrays, _subset_without_replacement, cluster_indices, uniform_indices
+from .potential import MinibatchOracle, cluster_indices, split_arrays, subset_without_replacement, uniform_indices
 
 __all__ = ["DataParallelOracle", "check_mesh"]
 
@@ -112,7 +112,7 @@ class DataParallelOracle(MinibatchOracle):
         Only the array arguments are operands of the ``shard_map``; the others (a Python
         ``subsample_size``, a flag, a string) reach the model as they are, as without ``mesh=``:
         an operand would be a tracer, which ``numpyro.plate`` cannot take as its size."""
-        arrays, rebuild, _ = _split_arrays(self.model_args, self.model_kwargs)
+        arrays, rebuild, _ = split_arrays(self.model_args, self.model_kwargs)
         rows = self.plate.size // self.shards
 
         def on_device(theta, idx, arrays):
@@ -130,7 +130,7 @@ class DataParallelOracle(MinibatchOracle):
         k, rows, per = self.shards, self.plate.size // self.shards, self.plate.subsample_size // self.shards
         keys = random.split(rng_key, k)
         if self.method == "without_replacement":
-            local = jax.vmap(lambda key: _subset_without_replacement(key, rows, per))(keys)
+            local = jax.vmap(lambda key: subset_without_replacement(key, rows, per))(keys)
         elif self.plate.cluster_size > 1:  # per/B clusters of B consecutive rows of the shard
             local = jax.vmap(lambda key: cluster_indices(key, per, rows, self.plate.cluster_size))(keys)
         else:

@@ -26,7 +26,7 @@ from numpyro.distributions import biject_to
 from numpyro.util import find_stack_level
 
 from .base import SGAlgorithm, SGWrapper
-from .potential import _FlatView, _in_open_support
+from .potential import FlatView, in_open_support
 from .schedules import robbins_monro
 from .validation import check_number, check_positive
 
@@ -56,7 +56,7 @@ class VariationalEMState(NamedTuple):
 def _hyper_view(potential):
     """Layout of the flat unconstrained λ: every ``numpyro.param`` site of ``potential``."""
     constraints = potential.param_constraints
-    return _FlatView({k: biject_to(constraints[k]).inv(jnp.asarray(v)) for k, v in potential.param_values.items()})
+    return FlatView({k: biject_to(constraints[k]).inv(jnp.asarray(v)) for k, v in potential.param_values.items()})
 
 
 def constrain_hyper(potential, hyper):
@@ -91,7 +91,7 @@ def variational_em(inner, potential, optimizer):
     def in_support(hyper):
         """Whether every constrained λ lies inside the open support of its constraint (O(dim λ))."""
         unconstrained = view.unravel(hyper)
-        checks = [_in_open_support(biject_to(potential.param_constraints[k]), u) for k, u in unconstrained.items()]
+        checks = [in_open_support(biject_to(potential.param_constraints[k]), u) for k, u in unconstrained.items()]
         return jnp.all(jnp.stack(checks))
 
     def at(oracle, state):

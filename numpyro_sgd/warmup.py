@@ -51,16 +51,6 @@ from jax import lax, random
 from jax.scipy.linalg import cho_solve, solve_triangular
 from numpyro.util import find_stack_level
 
-from .noise import (
-    NOISE_ESTIMATORS,
-    NoiseState,
-    apply_preconditioner,
-    fisher_curvature,
-    psd_part,
-    regularized_cholesky,
-    resolve_preconditioner,
-    sampling_noise,
-)
 from .control_variates import (
     ControlState,
     ControlVariateOracle,
@@ -70,6 +60,16 @@ from .control_variates import (
     curvature_rows,
     newton_centre,
     unset_control,
+)
+from .noise import (
+    NOISE_ESTIMATORS,
+    NoiseState,
+    apply_preconditioner,
+    fisher_curvature,
+    psd_part,
+    regularized_cholesky,
+    resolve_preconditioner,
+    sampling_noise,
 )
 from .noise import noise_estimator as make_noise_estimator
 from .potential import grad_and_hessian

@@ -181,13 +181,13 @@ def test_a_traced_step_reuses_the_models_jaxpr_as_one_call(monkeypatch):
     and one sampling step evaluates the jaxpr in Python no more: inlined, as it still is with
     several devices, the same traces evaluate it 4 and 1 times (measured with two forced host
     devices)."""
-    import numpyro_sgd.potential as potential
+    import numpyro_sgd.replay as replay_module
 
     kernel = ConstantSGD(model, preconditioner="full")
     state = kernel.init(jax.random.key(2), 30, None, (X, Y, S), {})
     calls = []
-    evaluate = potential.jaxpr_as_fun
-    monkeypatch.setattr(potential, "jaxpr_as_fun", lambda closed: calls.append(1) or evaluate(closed))
+    evaluate = replay_module.jaxpr_as_fun
+    monkeypatch.setattr(replay_module, "jaxpr_as_fun", lambda closed: calls.append(1) or evaluate(closed))
     jax.make_jaxpr(lambda s: kernel._iteration(s, (X, Y, S), {}, True))(state)
     jax.make_jaxpr(lambda s: kernel.sample(s, (X, Y, S), {}))(state)
     assert len(calls) == 0, len(calls)

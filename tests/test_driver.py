@@ -181,10 +181,10 @@ def test_a_step_onto_the_support_boundary_is_rejected():
     assert not bool(potential.constrained_in_support(at(800.0)))  # σ = inf
     from numpyro.distributions import biject_to, constraints
 
-    from numpyro_sgd.potential import _in_open_support
+    from numpyro_sgd.discovery import in_open_support
 
     # NumPyro's sigmoid clips strictly inside (0, 1), so a logit of 40 stays in the support
-    assert bool(_in_open_support(biject_to(constraints.unit_interval), jnp.asarray(40.0, jnp.float32)))
+    assert bool(in_open_support(biject_to(constraints.unit_interval), jnp.asarray(40.0, jnp.float32)))
 
 
 def test_non_finite_data_are_named_before_sampling():

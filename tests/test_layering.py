@@ -21,8 +21,16 @@ PACKAGE = pathlib.Path(numpyro_sgd.__file__).parent
 LAYERS = [
     # leaves: no package imports
     {"validation", "noise", "theory", "schedules", "diffusions", "index_chain", "arviz_compat", "datasets",
-     "protocol", "streaming"},
-    # the model -> potential setup and the minibatch oracle
+     "protocol", "streaming", "replay"},
+    # the model's arguments as the kernels see them (array leaves, streamed rows, tracers)
+    {"model_args"},
+    # how minibatch rows are drawn: index draws and the minibatch-law policy
+    {"indices"},
+    # from a model to its sites and plates: the discovery trace, the plate handlers, the checks
+    {"discovery"},
+    # what a step may ask of the model: the minibatch oracle
+    {"oracle"},
+    # the subsampled potential (evaluation)
     {"potential"},
     # control-variate gradients about a centre (an oracle over the potential's oracle)
     {"control_variates"},
@@ -35,7 +43,9 @@ LAYERS = [
     {"base"},
     # the kernels and wrappers (none imports another)
     {"constant_sgd", "sgfs", "iasg", "santa", "sgld", "sghmc", "ewsg", "gibbs", "vem"},
-    # reading runs
+    # reading runs: a run's draws and arguments; the end-of-run checks; comparison, ArviZ, plots
+    {"export"},
+    {"run_checks"},
     {"diagnostics"},
     {"loo"},
     {"__init__"},

@@ -13,7 +13,7 @@ import pytest
 from jax import random
 from numpyro.infer import MCMC
 
-import numpyro_sgd.potential as potential_module
+import numpyro_sgd.indices as indices_module
 from numpyro_sgd import EWSG, IASG, ConstantSGD
 from numpyro_sgd.datasets import shuffle_rows
 from numpyro_sgd.noise import cluster_rows, noise_estimator
@@ -94,7 +94,7 @@ def test_ordered_rows_are_detected_and_the_default_falls_back(monkeypatch):
     X, y, _, _ = _regression()
     potential = SubsampledPotential.from_model(_model, (X, y))
     assert resolve_cluster_sizes(potential, (X, y), {}) == {"data": 1}  # 240 KB of data: random rows
-    monkeypatch.setattr(potential_module, "CLUSTER_MIN_DATA_BYTES", 0)  # as if the data were large
+    monkeypatch.setattr(indices_module, "CLUSTER_MIN_DATA_BYTES", 0)  # as if the data were large
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         chosen = resolve_cluster_sizes(potential, (X, y), {})["data"]
