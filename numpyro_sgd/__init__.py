@@ -1,6 +1,6 @@
 """numpyro_sgd: scalable stochastic-gradient samplers for NumPyro models."""
 
-from .base import SampleBlock, SGAlgorithm, SGKernel, SGState, SGWrapper, StepInfo
+from .base import SampleBlock, SGAlgorithm, SGKernel, SGState, StepInfo
 from .constant_sgd import ConstantSGD, ConstantSGDState, constant_sgd
 from .diagnostics import (
     check_run,
@@ -37,6 +37,7 @@ from .sgld import PSGLD, SGLD, PSGLDState, SGLDState, psgld, sgld
 from .streaming import StreamedRows, open_shards, stream
 from .theory import lyapunov_covariance
 from .vem import VariationalEM, VariationalEMState, variational_em
+from .wrapper import SGWrapper
 
 __version__ = "0.1.0"
 

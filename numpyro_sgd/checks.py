@@ -16,11 +16,14 @@ import numpy as np
 from numpyro.util import find_stack_level
 
 from .likelihood import log_likelihood_chunks
+from .model_args import is_tracer, split_arrays
+from .sharding import check_mesh
+from .streaming import streamed_sources
 from .structure import classify_sites, hyper_candidates, support_conflict
 from .warmup import PredictedRelaxation
 
 __all__ = ["check_problem_size", "warn_short_blocks", "warn_short_run", "warn_hyper_candidates", "warn_full_data_steps",
-           "check_data", "warn_constant_data", "all_finite"]
+           "check_data", "warn_constant_data", "all_finite", "InitChecks"]
 
 
 #: model arguments larger than this, closed over by the compiled loop, get a warning (32 MiB)
@@ -236,3 +239,50 @@ def check_data(name, kernel, state, vectorized, arrays, model_args, model_kwargs
                     "or mask them (numpyro.handlers.mask(mask=...) around the site, finite filler "
                     "values); every minibatch holding one would otherwise be a rejected step."
                 )
+
+
+class InitChecks:
+    """The checks :meth:`SGKernel.init <numpyro_sgd.SGKernel.init>` makes before any compute
+    (:meth:`before_init`) and on the initial state (:meth:`data`), with what they remember between
+    ``init`` calls: whether the hyper-site warning was given, and the model arguments (arrays by
+    identity) already checked for full-data steps and for non-finite data."""
+
+    def __init__(self, hyper_warned=False):
+        self.hyper_warned = hyper_warned
+        self.cost_checked = None
+        self.data_checked = None
+
+    def before_init(self, kernel, algorithm, model_args, model_kwargs, wrapped=False):
+        """The mesh, the problem's size, the steps per sample against the relaxation time, hyper
+        sites a plain kernel should not sample (``wrapped``: a wrapper, which samples them its own
+        way, is not warned), and full-data work inside each step."""
+        name, potential, options = type(kernel).__name__, kernel.potential, kernel.driver_options
+        if options["mesh"] is not None:
+            check_mesh(name, options["mesh"], options["mesh_axis"], potential, options["subsample"],
+                       options["warmup_subsample"])
+        check_problem_size(name, potential)
+        warn_short_blocks(name, algorithm, kernel.steps_per_sample)
+        if is_tracer((model_args, model_kwargs)):  # under pmap (chain_method="parallel")
+            return
+        if not self.hyper_warned and not wrapped:
+            self.hyper_warned = True
+            warn_hyper_candidates(name, potential, kernel.subsampled_model, model_args, model_kwargs)
+        key = split_arrays(model_args, model_kwargs)[2]
+        if self.cost_checked != key:
+            self.cost_checked = key
+            warn_full_data_steps(name, potential, model_args, model_kwargs)
+
+    def data(self, kernel, state, vectorized, model_args, model_kwargs):
+        """:func:`check_data` once per model arguments (in memory and streamed), and a finite
+        potential at the initial point."""
+        if is_tracer((state.z, model_args, model_kwargs)):
+            return
+        arrays, _, key = split_arrays(model_args, model_kwargs)
+        if self.data_checked != key:
+            check_data(type(kernel).__name__, kernel, state, vectorized,
+                       arrays + [r.source for r in streamed_sources(model_args)], model_args, model_kwargs)
+            self.data_checked = key
+        if not np.isfinite(np.asarray(state.potential_energy)).all():
+            raise ValueError(
+                f"{type(kernel).__name__}: the potential is not finite at the initial point; check the model (e.g. "
+                "data outside the likelihood's support) or pass another init_strategy / init_params.")

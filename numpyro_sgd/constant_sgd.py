@@ -323,7 +323,7 @@ class ConstantSGD(SGKernel):
     def _build(self, potential, adapt_steps_per_sample=True):
         # the relaxation time is measured only where the algorithm chooses the steps per sample
         # (not for a user's steps_per_sample, nor inside a wrapper: see SGKernel.build)
-        return constant_sgd(potential, **self._options, subsample=self._subsample,
+        return constant_sgd(potential, **self._options, subsample=self._driver.subsample,
                             measure_relaxation=adapt_steps_per_sample, **self._warmup_options)
 
     def predicted_covariance(self, state, *model_args, at=None, chain=0, discrete=True, **model_kwargs):

@@ -93,7 +93,7 @@ class _IndexChainKernel(SGKernel):
             "sampler)"))
         if not isinstance(x_estimate, str) or x_estimate not in allowed_x:
             raise ValueError(f"{name}: x_estimate must be one of {allowed_x}, got {x_estimate!r}.")
-        if num_index_steps > 0 and self._warmup_subsample == "shuffle":
+        if num_index_steps > 0 and self._driver.warmup_subsample == "shuffle":
             raise ValueError(
                 f"{name}: warmup_subsample='shuffle' gives every proposal of the index chain the same minibatch "
                 "(the shuffled minibatch depends only on the step); use 'with_replacement' or 'without_replacement'."
@@ -109,7 +109,7 @@ class _IndexChainKernel(SGKernel):
                                                          ("euler",))
             self._options.update(control_variates=control_variates)
             self._options.update(target_inflation=check_target_inflation(name, target_inflation), name=name,
-                                 subsample=self._subsample, preconditioner=check_langevin_preconditioner(
+                                 subsample=self._driver.subsample, preconditioner=check_langevin_preconditioner(
                                      name, preconditioner, step_size is not None),
                                  **warmup_options)
         elif preconditioner != "auto":

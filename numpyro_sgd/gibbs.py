@@ -39,9 +39,10 @@ from numpyro import handlers
 from numpyro.infer.hmc_util import build_tree, dual_averaging, euclidean_kinetic_energy, velocity_verlet
 from numpyro.util import find_stack_level
 
-from .base import SGAlgorithm, SGKernel, SGWrapper
+from .base import SGAlgorithm, SGKernel
 from .potential import FlatView, as_jax_args, split_arrays
 from .structure import centre_loc_scale, classify_sites, hyper_candidates, prior_dependencies, support_conflict
+from .wrapper import SGWrapper
 
 __all__ = ["SGWithinGibbs", "SGWithinGibbsState", "sg_within_gibbs", "hyper_candidates", "centre_loc_scale"]
 

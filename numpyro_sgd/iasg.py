@@ -375,7 +375,7 @@ class IASG(SGKernel):
                              validity_warning=ValidityWarning("IASG", window_error, step_size is not None))
 
     def _build(self, potential, adapt_steps_per_sample=True):
-        return iasg(potential, **self._options, subsample=self._subsample, **self._warmup_options)
+        return iasg(potential, **self._options, subsample=self._driver.subsample, **self._warmup_options)
 
     # ------------------------------------------------------------------ theory
     def validity(self, state, chain=0):
@@ -407,7 +407,7 @@ class IASG(SGKernel):
         potential = self.potential
         hessian = potential.full_hessian(one.z if at is None else at, model_args, model_kwargs)
         noise = np.asarray(ks.noise_cov)
-        if self._subsample == "without_replacement":  # Cov ξ = f Q, f = (N − S)/(N − 1)
+        if self._driver.subsample == "without_replacement":  # Cov ξ = f Q, f = (N − S)/(N − 1)
             n, s = potential.num_data, potential.batch_size
             noise = noise * (n - s) / max(n - 1, 1)
         return iterate_average_covariance(np.asarray(ks.preconditioner), hessian, noise, self.steps_per_sample,

@@ -16,14 +16,7 @@ from jax import lax, random
 
 from .model_args import is_tracer, split_arrays
 from .streaming import StreamedRows, streamed_sources
-
-#: How minibatch indices are drawn. ``"with_replacement"`` (default) draws S i.i.d. uniform
-#: indices; ``"without_replacement"`` draws a fresh uniformly random S-subset every step;
-#: ``"shuffle"`` walks through a random permutation epoch by epoch (every datum once per
-#: epoch). Shuffling makes consecutive gradients negatively correlated and shrinks the
-#: stationary spread (measured), so kernels only allow it for warmup.
-SUBSAMPLE_METHODS = ("with_replacement", "without_replacement", "shuffle")
-
+from .validation import SUBSAMPLE_METHODS  # noqa: F401 - the laws named here
 
 _GOLDEN = 0x9E3779B9  # ⌊2³² / φ⌋: spreads consecutive counters over the 32-bit words
 

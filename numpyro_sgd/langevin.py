@@ -213,7 +213,7 @@ def with_predicted_relaxation(algorithm, potential, preconditioner, time, cause=
     on the host) at the smallest and the largest curvature a of ``kernel_state.spectrum`` (a
     :class:`~numpyro_sgd.noise.Spectrum` that ``init`` adds as unknown and the algorithm's
     ``set_steps`` sets at the end of warmup, in the coordinates the steps run in). In the
-    curvature's full basis (:class:`~numpyro_sgd.warmup.CurvatureBasis`: Lᵀ A L = N I) every
+    curvature's full basis (:class:`~numpyro_sgd.basis.CurvatureBasis`: Lᵀ A L = N I) every
     curvature is N, and in a diagonal basis every estimated one (its diagonal estimate sees no
     correlations: the prediction is a lower bound); in the model's coordinates
     (``preconditioner="scalar"``) they spread, and a spread beyond

@@ -37,3 +37,21 @@ def as_jax_args(tree):
     no staging program per shape); memmaps become their
     :class:`~numpyro_sgd.streaming.StreamedRows`, read in place."""
     return jax.tree.map(lambda x: jax.device_put(x) if isinstance(x, np.ndarray) else x, streamed_leaves(tree))
+
+
+def python_scalars(model_args, model_kwargs):
+    """Positions and names of the Python scalar model arguments (e.g. a ``subsample_size``)."""
+    scalar = (int, float, bool, str)
+    return ({i: v for i, v in enumerate(model_args) if isinstance(v, scalar)},
+            {k: v for k, v in model_kwargs.items() if isinstance(v, scalar)})
+
+
+def restore_scalars(args, scalars):
+    """``(model_args, model_kwargs)`` with the Python scalars of ``scalars`` (:func:`python_scalars`
+    of the run's ``init``) put back where they are traced: with ``MCMC(..., jit_model_args=True)``
+    NumPyro passes every argument into its compiled loop, where an int such as a
+    ``subsample_size`` argument would become a tracer that ``numpyro.plate`` cannot use."""
+    (model_args, model_kwargs), (positions, names) = args, scalars
+    model_args = tuple(positions[i] if i in positions and is_tracer(a) else a for i, a in enumerate(model_args))
+    model_kwargs = {k: names[k] if k in names and is_tracer(v) else v for k, v in model_kwargs.items()}
+    return model_args, model_kwargs

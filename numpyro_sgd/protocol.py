@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple, Optional
 
+import jax
 import jax.numpy as jnp
 
-__all__ = ["SampleBlock", "SGAlgorithm", "SGState", "StepInfo"]
+__all__ = ["SampleBlock", "SGAlgorithm", "SGState", "StepInfo", "count_grad_evals", "finite", "guard",
+           "changed_finite", "initial_state", "pick_chain"]
 
 
 class StepInfo(NamedTuple):
@@ -155,3 +157,63 @@ class SGState(NamedTuple):
     def num_grad_evals(self):
         """Per-datum gradient evaluations so far (as a float, to avoid int32 overflow)."""
         return self.data_passes_done * 1.0 * self.num_data + self.grad_evals_in_pass
+
+
+# ---------------------------------------------------------------------------- the driver's guards
+def count_grad_evals(state, evals):
+    """Add ``evals`` per-datum gradient evaluations to the data-pass count (exact, no int overflow)."""
+    rem = state.grad_evals_in_pass + evals
+    return state._replace(data_passes_done=state.data_passes_done + rem // state.num_data,
+                          grad_evals_in_pass=rem % state.num_data)
+
+
+def finite(x, before=None):
+    """Whether a float array is finite (given ``before``: whether no entry *became* non-finite)."""
+    if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
+        return jnp.array(True)
+    ok = jnp.isfinite(x) if before is None else jnp.isfinite(x) | ~jnp.isfinite(before)
+    return jnp.all(ok)
+
+
+def guard(ok, new_state, old_state):
+    """Per leaf: the old value where the step was rejected, but only for leaves the step changed."""
+    new_leaves, treedef = jax.tree.flatten(new_state)
+    old_leaves = jax.tree.leaves(old_state)
+    out = [n if n is o else jnp.where(ok, n, o) for n, o in zip(new_leaves, old_leaves)]
+    return jax.tree.unflatten(treedef, out)
+
+
+def changed_finite(new_state, old_state):
+    checks = [finite(n, o) for n, o in zip(jax.tree.leaves(new_state), jax.tree.leaves(old_state)) if n is not o]
+    return jnp.all(jnp.stack(checks)) if checks else jnp.array(True)
+
+
+def initial_state(potential, algorithm, rng_key, z0, model_args, model_kwargs, num_warmup_steps, init_strategy):
+    """One chain's :class:`SGState` at the start: θ from ``init_strategy`` (or the unconstrained
+    ``z0``), its minibatch potential, the algorithm's state, zero counters. The chain key splits
+    into ``key, k_init, k_state, k_shuffle, k_pe`` (initial point, ``algorithm.init``, warmup
+    shuffling, the initial potential); every SG step then splits ``key, k_step = split(key)``."""
+    from jax import random
+
+    key, k_init, k_state, k_shuffle, k_pe = random.split(rng_key, 5)
+    if z0 is None:
+        theta = potential.initial_params(k_init, model_args, model_kwargs, init_strategy)
+    else:
+        theta = potential.view.ravel(z0)
+    pe = potential.potential(theta, potential.draw_indices(k_pe), model_args, model_kwargs)
+    zero = jnp.zeros((), jnp.int32)
+    return SGState(
+        i=zero, z=potential.view.unravel(theta), potential_energy=pe,
+        data_passes_done=zero, grad_evals_in_pass=zero,
+        num_data=jnp.asarray(potential.num_data, jnp.int32),
+        num_divergences=zero, first_divergence=zero - 1, diverging=jnp.array(False),
+        num_warmup_steps=jnp.asarray(num_warmup_steps, jnp.int32),
+        shuffle_key=random.key_data(k_shuffle),
+        kernel_state=algorithm.init(k_state, theta, num_warmup_steps), rng_key=key, idle_iterations=zero,
+    )
+
+
+def pick_chain(state, chain=0):
+    """The fields of a (possibly vectorized) :class:`SGState` or kernel state for one chain."""
+    vectorized = jnp.ndim(state.i) > 0 if hasattr(state, "i") else False
+    return jax.tree.map(lambda x: x[chain], state) if vectorized else state

@@ -26,10 +26,10 @@ import optax
 from jax import random
 from jax.flatten_util import ravel_pytree
 
-from .base import SGAlgorithm, SGKernel, StepInfo, is_positive_scalar
+from .base import SGAlgorithm, SGKernel, StepInfo
 from .noise import TARGET_INFLATION, check_target_inflation, santa_step_size
 from .schedules import polynomial_annealing
-from .validation import check_choice, check_int, check_number, check_positive
+from .validation import check_choice, check_int, check_number, check_positive, is_positive_scalar
 from .warmup import check_langevin_preconditioner, pop_warmup_options, with_default_steps
 
 __all__ = ["Santa", "SantaKernelState", "SantaState", "santa", "santa_algorithm", "santa_init", "santa_step",
@@ -391,7 +391,7 @@ class Santa(SGKernel):
                              **warmup_options)
 
     def _build(self, potential, adapt_steps_per_sample=True):
-        return santa_algorithm(potential, **self._options, subsample=self._subsample)
+        return santa_algorithm(potential, **self._options, subsample=self._driver.subsample)
 
 
 def map_estimate(model, rng_key, *model_args, optimizer=None, num_steps=10_000, init_params=None,

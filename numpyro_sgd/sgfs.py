@@ -246,7 +246,7 @@ class SGFS(SGKernel):
                              max_step=max_step, refresh_every=refresh_every, online=bool(online))
 
     def _build(self, potential, adapt_steps_per_sample=True):
-        return sgfs(potential, **self._options, subsample=self._subsample, **self._warmup_options)
+        return sgfs(potential, **self._options, subsample=self._driver.subsample, **self._warmup_options)
 
     def effective_preconditioner(self, state, chain=0):
         """Mandt's H (the matrix multiplying ε ĝ), as a dense (D, D) NumPy array: N P / ε."""

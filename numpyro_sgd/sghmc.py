@@ -159,4 +159,4 @@ class SGHMC(SGKernel):
                              control_variates=control_variates, **warmup_options)
 
     def _build(self, potential, adapt_steps_per_sample=True):
-        return sghmc(potential, **self._options, subsample=self._subsample)
+        return sghmc(potential, **self._options, subsample=self._driver.subsample)

@@ -16,7 +16,6 @@ from jax import random
 from .base import SGAlgorithm, SGKernel, StepInfo
 from .diffusions import exponential_overdamped_langevin, overdamped_langevin
 from .langevin import (
-    INTEGRATORS,
     check_control_variates,
     check_step_size,
     overdamped_ewsg_update,
@@ -45,7 +44,7 @@ class SGLDState(NamedTuple):
     #: noise-warmup state (:class:`~numpyro_sgd.warmup.WarmupState`) with the default step size;
     #: empty with a given step size
     warmup: tuple = ()
-    #: the coordinates the default steps run in (:class:`~numpyro_sgd.warmup.CurvatureBasis`, set at
+    #: the coordinates the default steps run in (:class:`~numpyro_sgd.basis.CurvatureBasis`, set at
     #: the end of warmup); empty with ``preconditioner="scalar"`` or given steps
     basis: tuple = ()
     #: extremes of the curvature the default steps see (:class:`~numpyro_sgd.noise.Spectrum`, set at the
@@ -197,7 +196,7 @@ class SGLD(SGKernel):
     :param float target_inflation: τ ∈ (0, 1), the tolerated relative excess of the stationary
         variance with the default step size (default 0.1; a given ``step_size`` wins).
     :param str preconditioner: the coordinates the default steps run in: ``"auto"`` (default:
-        those of the warmup's curvature A, :class:`~numpyro_sgd.warmup.CurvatureBasis`; in full up
+        those of the warmup's curvature A, :class:`~numpyro_sgd.basis.CurvatureBasis`; in full up
         to D = 1000, its diagonal above), ``"full"``, ``"diag"``, or ``"scalar"`` (the model's
         own, the paper's kernel). With a given step size the kernel runs in the model's
         coordinates.
@@ -250,7 +249,7 @@ class SGLD(SGKernel):
                              control_variates=control_variates, integrator=integrator, **warmup_options)
 
     def _build(self, potential, adapt_steps_per_sample=True):
-        return sgld(potential, self._step_size, self._temperature, subsample=self._subsample, **self._options)
+        return sgld(potential, self._step_size, self._temperature, subsample=self._driver.subsample, **self._options)
 
 
 
@@ -400,4 +399,4 @@ class PSGLD(SGKernel):
                              **warmup_options)
 
     def _build(self, potential, adapt_steps_per_sample=True):
-        return psgld(potential, **self._options, subsample=self._subsample)
+        return psgld(potential, **self._options, subsample=self._driver.subsample)

@@ -33,7 +33,7 @@ from numpyro.primitives import Messenger
 
 from .potential import MinibatchOracle, cluster_indices, split_arrays, subset_without_replacement, uniform_indices
 
-__all__ = ["DataParallelOracle", "check_mesh"]
+__all__ = ["DataParallelOracle", "check_mesh", "refuse_parallel_chains"]
 
 
 class _GlobalScale(Messenger):
@@ -186,3 +186,14 @@ class DataParallelOracle(MinibatchOracle):
                    + jnp.repeat(jnp.arange(self.shards) * (self.plate.size // self.shards), per)}
         h = self._sharded(local, PartitionSpec(), theta, indices)
         return jnp.diagonal(h) if diagonal else h
+
+
+def refuse_parallel_chains(name, mesh, parallel):
+    """Refuse ``mesh=`` with NumPyro's ``chain_method="parallel"`` (``parallel``: the chain key is a
+    pmap tracer)."""
+    if mesh is not None and parallel:
+        raise ValueError(
+            f"{name}: mesh= splits the data rows over the mesh's devices, and chain_method='parallel' would put one "
+            "chain on each device as well (JAX then reports a 'Context mesh ... should match the mesh of sharding' "
+            "error at the model's indexing). Use chain_method='vectorized' (every chain on every device, each with "
+            "its own rows' gradients) or 'sequential' with mesh=, or drop mesh= to run parallel chains.")

@@ -10,6 +10,7 @@ raised for them). NumPy and 0-d JAX scalars are accepted and returned as Python 
 from __future__ import annotations
 
 import numbers
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -142,3 +143,152 @@ def check_param_values(name, values, param_constraints):
                 f"{name}: numpyro.param site '{site}' is initialised at {shown}, outside its constraint "
                 f"{constraint}; give an initial value inside it (the constraint maps the value to unconstrained "
                 "space, where it would be NaN).")
+
+
+def is_positive_scalar(value):
+    """True for a finite real number > 0 given as a Python, NumPy or 0-d JAX scalar (not a bool)."""
+    if isinstance(value, bool) or callable(value) or np.ndim(value) != 0:
+        return False
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return False
+    return bool(np.isfinite(value) and value > 0)
+
+#: warmup budget in data passes when the kernel chooses ``steps_per_sample`` (the noise warmup
+#: needs 10–20 passes on the problems of the tests and examples; see docs/performance.md)
+DEFAULT_WARMUP_PASSES = 20
+
+#: How minibatch indices are drawn. ``"with_replacement"`` (default) draws S i.i.d. uniform
+#: indices; ``"without_replacement"`` draws a fresh uniformly random S-subset every step;
+#: ``"shuffle"`` walks through a random permutation epoch by epoch (every datum once per
+#: epoch). Shuffling makes consecutive gradients negatively correlated and shrinks the
+#: stationary spread (measured), so kernels only allow it for warmup.
+SUBSAMPLE_METHODS = ("with_replacement", "without_replacement", "shuffle")
+
+
+class DriverOptions(NamedTuple):
+    """The options every kernel takes (:class:`~numpyro_sgd.SGKernel`), validated once by
+    :func:`driver_options`; None where the kernel chooses.
+
+    :param steps_per_sample: SG steps per returned sample, run inside one compiled loop. Default
+        (None): the algorithm's relaxation time, ⌈N/S⌉ SG steps (one data pass) for the kernels
+        that adapt to the gradient noise (ConstantSGD, SGFS; their KL-optimal chain forgets its
+        start in about one pass, so ``num_samples`` counts nearly independent draws), 1 for the
+        others. ConstantSGD with the full preconditioner measures its own relaxation time at the
+        end of warmup and takes more steps when the model is misspecified
+        (:func:`~numpyro_sgd.noise.relaxation_steps`; read it from
+        ``mcmc.last_state.kernel_state.steps_per_sample``). An ``int`` fixes it; a value far
+        below the relaxation time warns at ``init`` (the ESS is then about
+        num_samples × steps_per_sample × S/N, not num_samples).
+    :param float warmup_passes: the warmup budget in data passes, spread over MCMC's
+        ``num_warmup`` iterations (⌈warmup_passes · N/S / num_warmup⌉ SG steps each, at least
+        one). Default (None): ``DEFAULT_WARMUP_PASSES`` when ``steps_per_sample`` is the
+        kernel's relaxation time; otherwise (an explicit ``steps_per_sample``, or a kernel with
+        no relaxation time such as SGLD) a warmup iteration takes ``steps_per_sample`` SG steps,
+        as a sampling iteration does.
+    :param str subsample: how sampling-phase minibatches are drawn, ``"with_replacement"``
+        (default) or ``"without_replacement"`` (see ``numpyro_sgd.potential.SUBSAMPLE_METHODS``).
+    :param str warmup_subsample: how warmup minibatches are drawn; defaults to ``subsample``;
+        ``"shuffle"`` (epoch-wise reshuffling) is allowed here only, since it biases the
+        stationary law.
+    :param init_strategy: NumPyro init strategy for the unconstrained initial values.
+    :param subsample_size: minibatch size S to use instead of the one the model's plate declares
+        (an int for every subsample plate, or ``{plate name: S}``); the N/S scaling follows. Lets
+        you pick the throughput-optimal S without editing the model (see docs/performance.md). ``"auto"``:
+        the kernel picks S from N and the backend (:func:`~numpyro_sgd.potential.choose_subsample_size`:
+        10⁴ on a CPU, 10⁵ on a GPU, at most N/10; N/100 for IASG); it does so too for a model whose
+        data plate declares no subsample_size (NumPyro's one model for NUTS and SG).
+    :param mesh: a ``jax.sharding.Mesh`` over which the data rows are split (``None``: one device).
+        Each device then draws its S/k minibatch rows among its own N/k rows and the step
+        all-reduces one D-vector (:mod:`numpyro_sgd.sharding`); pass the data sharded along
+        ``mesh_axis`` (``jax.device_put(X, NamedSharding(mesh, P("data")))``) and run
+        ``MCMC(..., jit_model_args=True)`` so that they stay where they are.
+    :param str mesh_axis: the mesh axis the rows are split over.
+    :param int cluster_size: with ``subsample="with_replacement"``, draw each minibatch as S/B
+        clusters of B consecutive rows (the *cluster law*,
+        :func:`~numpyro_sgd.potential.cluster_indices`: unbiased whatever the order of the rows,
+        its noise estimated from the cluster sums) instead of S random rows. Default (None): B
+        from :func:`~numpyro_sgd.potential.choose_cluster_size` (1, random rows, unless the data
+        the plate indexes exceed 64 MiB; then clusters of about 32 KiB, which a CPU reads several
+        times faster than random rows), falling back to random rows with a warning when the rows
+        look ordered. ``1``: random rows; an int B that divides S: clusters of B.
+    """
+
+    steps_per_sample: object = None
+    subsample: str = "with_replacement"
+    warmup_subsample: str = "with_replacement"
+    init_strategy: object = None
+    subsample_size: object = None
+    warmup_passes: object = None
+    mesh: object = None
+    mesh_axis: str = "data"
+    cluster_size: object = None
+
+
+def driver_options(name, supports_mesh, supports_clusters, *, steps_per_sample, subsample, warmup_subsample,
+                   init_strategy, subsample_size, warmup_passes, mesh, mesh_axis, cluster_size):
+    """:class:`DriverOptions`, each checked: a clear error naming the option and the fix.
+    ``supports_mesh`` / ``supports_clusters``: whether the kernel allows ``mesh=`` and the
+    cluster law (a kernel that draws its minibatch indices by its own rule allows neither)."""
+    check_int(name, "steps_per_sample", steps_per_sample, allow_none=True,
+              what="an integer >= 1 or None (the kernel's relaxation time, one data pass for ConstantSGD/SGFS)")
+    warmup_passes = check_positive(
+        name, "warmup_passes", warmup_passes, allow_none=True,
+        what=f"a positive number of data passes or None (default {DEFAULT_WARMUP_PASSES})")
+    if subsample not in ("with_replacement", "without_replacement"):
+        hint = (" 'shuffle' is allowed only as warmup_subsample: reshuffling per epoch makes "
+                "consecutive gradients anticorrelated and shrinks the stationary spread."
+                if subsample == "shuffle" else "")
+        raise ValueError(
+            f"{name}: subsample={subsample!r} is not supported for sampling; use "
+            f"'with_replacement' or 'without_replacement'.{hint}"
+        )
+    warmup_subsample = subsample if warmup_subsample is None else warmup_subsample
+    if warmup_subsample not in SUBSAMPLE_METHODS:
+        raise ValueError(f"{name}: warmup_subsample must be one of {SUBSAMPLE_METHODS}, got {warmup_subsample!r}.")
+    if subsample_size is not None and not (isinstance(subsample_size, str) and subsample_size == "auto"):
+        sizes = subsample_size if isinstance(subsample_size, dict) else {None: subsample_size}
+        what = "an integer >= 1 or a dict {plate name: integer}"
+        sizes = {k: check_int(name, "subsample_size", v, what=what) for k, v in sizes.items()}
+        subsample_size = sizes if isinstance(subsample_size, dict) else sizes[None]
+    if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
+        raise TypeError(f"{name}: mesh must be a jax.sharding.Mesh (e.g. Mesh(jax.devices(), ('data',))), got "
+                        f"{type(mesh).__name__}.")
+    if mesh is not None and not supports_mesh:
+        raise ValueError(f"{name}: mesh= is not supported: this kernel draws its minibatch indices by its own "
+                         "rule, which a per-device stratified draw would change.")
+    if cluster_size is not None:
+        check_int(name, "cluster_size", cluster_size, what="an integer >= 1 dividing subsample_size, or None")
+        if cluster_size > 1 and (not supports_clusters or subsample != "with_replacement"):
+            why = ("this kernel draws its minibatch indices by its own rule" if not supports_clusters else
+                   f"subsample={subsample!r} draws rows")
+            raise ValueError(f"{name}: cluster_size={cluster_size} is not supported here: {why}. "
+                             "Leave cluster_size out (random rows).")
+    return DriverOptions(None if steps_per_sample is None else int(steps_per_sample), subsample, warmup_subsample,
+                         init_strategy, subsample_size, warmup_passes, mesh, mesh_axis, cluster_size)
+
+
+def check_step_counter(name, num_warmup_steps):
+    """Refuse a warmup longer than the int32 SG step counter holds."""
+    if not isinstance(num_warmup_steps, jax.core.Tracer) and num_warmup_steps >= 2**31:
+        raise ValueError(
+            f"{name}: num_warmup × SG steps per warmup iteration = {num_warmup_steps:,} warmup steps, beyond the "
+            "int32 step counter (2³¹ − 1); lower num_warmup, steps_per_sample or warmup_passes.")
+
+
+def resolve_init_params(name, init_params, view, num_chains):
+    """``init_params`` (a dict, or NumPyro's ``ParamInfo``; None: the kernel's init strategy) checked
+    against the latent sites of ``view`` (:func:`check_init_params`; traced values pass as they
+    are)."""
+    if init_params is None:
+        return None
+    if hasattr(init_params, "z"):  # numpyro ParamInfo
+        init_params = init_params.z
+    missing = set(view.names) - set(init_params)
+    if missing:
+        raise ValueError(f"{name}: init_params lacks the latent sites {sorted(missing)}; give unconstrained values "
+                         "for every latent site.")
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(init_params)):
+        return init_params
+    return check_init_params(name, init_params, view, num_chains)

@@ -25,10 +25,11 @@ from jax import lax, random
 from numpyro.distributions import biject_to
 from numpyro.util import find_stack_level
 
-from .base import SGAlgorithm, SGWrapper
+from .base import SGAlgorithm
 from .potential import FlatView, in_open_support
 from .schedules import robbins_monro
 from .validation import check_number, check_positive
+from .wrapper import SGWrapper
 
 __all__ = ["VariationalEM", "VariationalEMState", "variational_em", "robbins_monro_rate"]
 

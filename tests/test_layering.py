@@ -21,9 +21,9 @@ PACKAGE = pathlib.Path(numpyro_sgd.__file__).parent
 LAYERS = [
     # leaves: no package imports
     {"validation", "noise", "theory", "schedules", "diffusions", "index_chain", "arviz_compat", "datasets",
-     "protocol", "streaming", "replay"},
+     "protocol", "streaming", "replay", "programs", "progress"},
     # the model's arguments as the kernels see them (array leaves, streamed rows, tracers)
-    {"model_args"},
+    {"model_args", "basis"},
     # how minibatch rows are drawn: index draws and the minibatch-law policy
     {"indices"},
     # from a model to its sites and plates: the discovery trace, the plate handlers, the checks
@@ -38,9 +38,11 @@ LAYERS = [
     # pointwise log-likelihood, the warmup adapter
     {"sharding", "structure", "likelihood", "warmup"},
     # the driver's init-time checks; the Langevin steps shared by SGLD, SGHMC and EWSG
-    {"checks", "langevin"},
+    {"checks", "langevin", "loop"},
     # the driver
     {"base"},
+    # a kernel that runs another kernel's algorithm inside its own
+    {"wrapper"},
     # the kernels and wrappers (none imports another)
     {"constant_sgd", "sgfs", "iasg", "santa", "sgld", "sghmc", "ewsg", "gibbs", "vem"},
     # reading runs: a run's draws and arguments; the end-of-run checks; comparison, ArviZ, plots
