@@ -353,7 +353,7 @@ def test_groups_with_no_rows_or_few_rows_are_named_at_init():
                                          r"10 rows per minibatch of S = 200 \(fewest: z\[6\], 3\).*at least 667"):
         kernel.init(jax.random.key(0), 0, None, (jnp.asarray(g), jnp.asarray(y)), {})
     # check_run's advice for this kernel names the group-size cause, as init found it ...
-    from numpyro_sgd.diagnostics import _gibbs_hint
+    from numpyro_sgd.run_checks import _gibbs_hint
 
     assert "Groups with too few rows per minibatch also give this (init warned: the group latent 'z'" in \
         _gibbs_hint(kernel)

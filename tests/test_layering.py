@@ -145,3 +145,23 @@ def test_import_leaves_arviz_unimported():
     except ImportError:
         installed_1 = False
     assert flag == str(installed_1)
+
+
+def test_no_underscore_name_crosses_a_module_border():
+    """What two modules of the package share is public: no ``from .x import _name``."""
+    crossing = []
+    for path in sorted(PACKAGE.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            package = isinstance(node, ast.ImportFrom) and (
+                node.level == 1 or (node.module or "").split(".")[0] == "numpyro_sgd")
+            if package:
+                crossing += [f"{path.name}:{node.lineno} {a.name}" for a in node.names
+                             if a.name.startswith("_") and not a.name.startswith("__")]
+    assert crossing == []
+
+
+def test_no_module_is_a_house_of_its_own():
+    """The driver stays thin and no module grows past what a reader takes in (issue 47)."""
+    sizes = {p.name: len(p.read_text(encoding="utf-8").splitlines()) for p in PACKAGE.glob("*.py")}
+    assert sizes["base.py"] <= 500, sizes["base.py"]
+    assert {name: n for name, n in sizes.items() if n > 700} == {}

@@ -137,7 +137,7 @@ def test_progress_bar_final_line_shows_final_state(small_linreg, capfd, monkeypa
 def test_check_run_reports_a_check_it_cannot_evaluate_and_runs_the_others(small_linreg, monkeypatch):
     """A gradient check that raises on some model (issue 30: NumPyro's argument check at a mean
     outside a dependent support) is reported by name, not raised, and the other checks run."""
-    import numpyro_sgd.diagnostics as diagnostics
+    import numpyro_sgd.run_checks as run_checks
 
     mcmc = _run(SGLD(small_linreg.model, step_size=1.0, steps_per_sample=1), small_linreg,
                 num_warmup=10, num_samples=50)
@@ -145,7 +145,7 @@ def test_check_run_reports_a_check_it_cannot_evaluate_and_runs_the_others(small_
     def fails(*args, **kwargs):
         raise ValueError("Normal distribution got invalid loc parameter.")
 
-    monkeypatch.setattr(diagnostics, "_full_gradient", fails)
+    monkeypatch.setattr(run_checks, "_full_gradient", fails)
     messages = check_run(mcmc, warn=False)
     assert any("mode-offset check (4) was skipped" in m and "invalid loc parameter" in m for m in messages), messages
     assert any("SG steps were rejected" in m for m in messages), messages  # check 1 still ran
