@@ -228,7 +228,7 @@ class SGKernel(MCMCKernel):
         """Trace the model and return ``(algorithm, oracle, theta0)`` to run the steps by hand.
 
         ``algorithm`` is the kernel's :class:`SGAlgorithm`, ``oracle`` a
-        :class:`~numpyro_sgd.potential.MinibatchOracle` bound to the model arguments
+        :class:`~numpyro_sgd.MinibatchOracle` bound to the model arguments
         (sampling-phase minibatch law) and ``theta0`` a flat initial point drawn as
         :meth:`init` draws it. With the key streams of the module docstring, a hand-written
         loop gives the draws of ``MCMC`` for the same key (while no step is rejected):
@@ -477,7 +477,7 @@ class SGKernel(MCMCKernel):
     # ------------------------------------------------------------------ reporting
     def get_diagnostics_str(self, state):
         """Progress-bar text for ``state``, rendered only when the bar is drawn
-        (:func:`~numpyro_sgd.progress.progress_text`)."""
+        (``numpyro_sgd.progress.progress_text``)."""
         return progress_text(state, self._get_algorithm().describe)
 
     @staticmethod

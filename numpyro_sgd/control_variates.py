@@ -225,7 +225,7 @@ def newton_centre(oracle, theta, max_steps=MAX_NEWTON_STEPS, tolerance=NEWTON_TO
 
 
 class ControlVariateOracle:
-    """A :class:`~numpyro_sgd.potential.MinibatchOracle` whose gradients are the control-variate
+    """A :class:`~numpyro_sgd.MinibatchOracle` whose gradients are the control-variate
     estimate about ``centre`` (ref. 1, Eq. 5): ``grad(rng_key, θ)`` draws a minibatch B by the
     oracle's law and returns (U(θ̂) + Û_B(θ) − Û_B(θ̂), ∇U(θ̂) + ∇Û_B(θ) − ∇Û_B(θ̂), indices).
     Both minibatch terms are one vmapped evaluation over (θ, θ̂): the rows of B are gathered once.

@@ -68,7 +68,7 @@ def cluster_indices(rng_key, size, n, cluster_size, stream=0):
     consecutive rows (int32; ``size`` must be a multiple of B).
 
     The law (*circular clusters*): K = S/B starts c_1..c_K i.i.d. uniform on [0, N)
-    (:func:`~numpyro_sgd.potential.uniform_indices`), cluster k the rows c_k, c_k + 1, ...,
+    (:func:`~numpyro_sgd.indices.uniform_indices`), cluster k the rows c_k, c_k + 1, ...,
     c_k + B − 1 taken modulo N. Every row lies in exactly B of the N possible clusters, so each
     row is drawn with probability B/N per cluster whatever the order of the data, and the
     minibatch gradient (N/S) Σ_k Σ_{i∈k} ∇ℓ_i is unbiased for ∇U. Its noise covariance is
@@ -234,7 +234,7 @@ def resolve_cluster_sizes(potential, model_args, model_kwargs, requested=None, k
 
 
 def _hashed_indices(rng_key, size, n, stream):
-    """:func:`~numpyro_sgd.potential.uniform_indices` as uint32, without the last remainder."""
+    """:func:`~numpyro_sgd.indices.uniform_indices` as uint32, without the last remainder."""
     words = random.key_data(rng_key).reshape(-1).astype(jnp.uint32)
     k0 = words[0] + jnp.uint32(stream) * jnp.uint32(0x3C6EF372)  # stream·φ² (mod 2³²)
     k1 = words[-1]

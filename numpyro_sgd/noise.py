@@ -108,7 +108,7 @@ def _outer(a, b, full):
 
 def cluster_rows(per_example_grads, cluster_size):
     """The S × D per-example gradients of a minibatch of S/B clusters of B consecutive rows
-    (:func:`~numpyro_sgd.potential.cluster_indices`) as S/B rows u_k = Σ_{i∈k} g_i / √B.
+    (:func:`~numpyro_sgd.indices.cluster_indices`) as S/B rows u_k = Σ_{i∈k} g_i / √B.
 
     Under the cluster law the minibatch gradient is (1/S) Σ_k √B u_k (times N/S's scale), so
     its noise covariance is Cov[u]/S: the covariance of these rows is what the estimators

@@ -147,7 +147,7 @@ class SubsampledPotential:
 
     def with_cluster_sizes(self, sizes):
         """The same potential whose plates draw clusters of ``sizes[plate name]`` consecutive rows
-        (:func:`~numpyro_sgd.potential.cluster_indices`; a plate not named keeps its cluster size)."""
+        (:func:`~numpyro_sgd.indices.cluster_indices`; a plate not named keeps its cluster size)."""
         plates = tuple(p._replace(cluster_size=int(sizes.get(p.name, p.cluster_size))) for p in self.plates)
         return self._replace(plates=plates)
 
@@ -205,7 +205,7 @@ class SubsampledPotential:
         minibatch size the model declares; NumPyro's plate then scales by N/S of the indices the
         kernel substitutes, so the potential stays unbiased. ``"auto"``, or None for a model none
         of whose plates subsamples, gives each plate
-        :func:`~numpyro_sgd.potential.choose_subsample_size` of its N
+        :func:`~numpyro_sgd.indices.choose_subsample_size` of its N
         (``min_steps_per_pass``: the kernel's fewest SG steps per data pass).
         """
         model_kwargs = {} if model_kwargs is None else model_kwargs
@@ -365,9 +365,9 @@ class SubsampledPotential:
     def draw_indices(self, rng_key, method="with_replacement", step=None, shuffle_key=None):
         """Minibatch indices ``{plate: int32[S]}`` in O(S) per plate.
 
-        ``"with_replacement"`` draws S i.i.d. uniform indices (:func:`~numpyro_sgd.potential.uniform_indices`),
+        ``"with_replacement"`` draws S i.i.d. uniform indices (:func:`~numpyro_sgd.indices.uniform_indices`),
         or, for a plate with ``cluster_size`` B > 1, S/B i.i.d. uniform clusters of B consecutive
-        rows (:func:`~numpyro_sgd.potential.cluster_indices`).
+        rows (:func:`~numpyro_sgd.indices.cluster_indices`).
         ``"without_replacement"`` draws S i.i.d. indices and redraws the duplicates until
         there are none (expected S²/(2N) redraws); the law of the set is invariant under
         permutations of the data, so it is the uniform law over S-subsets.

@@ -76,7 +76,7 @@ def check_mesh(name, mesh, axis, potential, subsample, warmup_subsample):
 
 
 class DataParallelOracle(MinibatchOracle):
-    """A :class:`~numpyro_sgd.potential.MinibatchOracle` whose minibatch is stratified over the
+    """A :class:`~numpyro_sgd.MinibatchOracle` whose minibatch is stratified over the
     shards of ``mesh``'s axis ``axis`` and whose potentials are computed where the rows are (see
     the module docstring). Indices are global row numbers; device d's S/k of them lie in its shard.
     """

@@ -6,7 +6,7 @@ A NumPy memmap (``np.load(path, mmap_mode="r")``) passed as a model argument is 
 or HDF5 array, or an in-memory NumPy array that should not be copied to the device). The model is
 unchanged: under the subsample plate it indexes ``X[idx]``, and that index becomes one host
 callback (:func:`jax.pure_callback`) that reads the minibatch's rows and hands them to the
-compiled step. With the cluster law (:func:`~numpyro_sgd.potential.cluster_indices`) those rows
+compiled step. With the cluster law (:func:`~numpyro_sgd.indices.cluster_indices`) those rows
 are a few runs of consecutive rows, which is what a page cache or a disk serves fastest. The
 full-data passes (the data check at init, the control-variate centre, ``loo_subsample`` and the
 log-likelihood in blocks) index the same way, block by block, so no program ever holds all N

@@ -169,7 +169,7 @@ SUBSAMPLE_METHODS = ("with_replacement", "without_replacement", "shuffle")
 
 class DriverOptions(NamedTuple):
     """The options every kernel takes (:class:`~numpyro_sgd.SGKernel`), validated once by
-    :func:`driver_options`; None where the kernel chooses.
+    ``driver_options``; None where the kernel chooses.
 
     :param steps_per_sample: SG steps per returned sample, run inside one compiled loop. Default
         (None): the algorithm's relaxation time, ⌈N/S⌉ SG steps (one data pass) for the kernels
@@ -188,7 +188,7 @@ class DriverOptions(NamedTuple):
         no relaxation time such as SGLD) a warmup iteration takes ``steps_per_sample`` SG steps,
         as a sampling iteration does.
     :param str subsample: how sampling-phase minibatches are drawn, ``"with_replacement"``
-        (default) or ``"without_replacement"`` (see ``numpyro_sgd.potential.SUBSAMPLE_METHODS``).
+        (default) or ``"without_replacement"`` (see ``numpyro_sgd.indices.SUBSAMPLE_METHODS``).
     :param str warmup_subsample: how warmup minibatches are drawn; defaults to ``subsample``;
         ``"shuffle"`` (epoch-wise reshuffling) is allowed here only, since it biases the
         stationary law.
@@ -196,7 +196,7 @@ class DriverOptions(NamedTuple):
     :param subsample_size: minibatch size S to use instead of the one the model's plate declares
         (an int for every subsample plate, or ``{plate name: S}``); the N/S scaling follows. Lets
         you pick the throughput-optimal S without editing the model (see docs/performance.md). ``"auto"``:
-        the kernel picks S from N and the backend (:func:`~numpyro_sgd.potential.choose_subsample_size`:
+        the kernel picks S from N and the backend (:func:`~numpyro_sgd.indices.choose_subsample_size`:
         10⁴ on a CPU, 10⁵ on a GPU, at most N/10; N/100 for IASG); it does so too for a model whose
         data plate declares no subsample_size (NumPyro's one model for NUTS and SG).
     :param mesh: a ``jax.sharding.Mesh`` over which the data rows are split (``None``: one device).
@@ -207,9 +207,9 @@ class DriverOptions(NamedTuple):
     :param str mesh_axis: the mesh axis the rows are split over.
     :param int cluster_size: with ``subsample="with_replacement"``, draw each minibatch as S/B
         clusters of B consecutive rows (the *cluster law*,
-        :func:`~numpyro_sgd.potential.cluster_indices`: unbiased whatever the order of the rows,
+        :func:`~numpyro_sgd.indices.cluster_indices`: unbiased whatever the order of the rows,
         its noise estimated from the cluster sums) instead of S random rows. Default (None): B
-        from :func:`~numpyro_sgd.potential.choose_cluster_size` (1, random rows, unless the data
+        from :func:`~numpyro_sgd.indices.choose_cluster_size` (1, random rows, unless the data
         the plate indexes exceed 64 MiB; then clusters of about 32 KiB, which a CPU reads several
         times faster than random rows), falling back to random rows with a warning when the rows
         look ordered. ``1``: random rows; an int B that divides S: clusters of B.
