@@ -92,7 +92,7 @@ def _describe(state):
     return f"ε {eps:.3g}" if np.isfinite(eps) else "warmup: estimating ε"
 
 
-def constant_sgd(potential, preconditioner="auto", *, step_size=None, momentum=1.0, discrete_time_correction=True,
+def constant_sgd(potential, *, preconditioner="auto", step_size=None, momentum=1.0, discrete_time_correction=True,
                  prior_noise=False, subsample="with_replacement", name="ConstantSGD", measure_relaxation=True,
                  **warmup_options):
     """The constant-SGD algorithm (:class:`ConstantSGD`) for a traced model.

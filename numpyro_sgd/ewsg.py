@@ -154,7 +154,7 @@ def _or_nan(value):
     return jnp.nan if value is None else value
 
 
-def ewsg(potential, step_size=None, friction=None, num_index_steps=1, x_estimate="momentum", *,
+def ewsg(potential, *, step_size=None, friction=None, num_index_steps=1, x_estimate="momentum",
          target_inflation=TARGET_INFLATION, subsample="with_replacement", name="EWSG", preconditioner="auto",
          control_variates=False, **warmup_options):
     """The EWSG algorithm (:class:`EWSG`) for a traced model.
@@ -322,7 +322,7 @@ class OverdampedEWSGState(NamedTuple):
     control: tuple = ()
 
 
-def overdamped_ewsg(potential, step_size=None, num_index_steps=1, *, target_inflation=TARGET_INFLATION,
+def overdamped_ewsg(potential, *, step_size=None, num_index_steps=1, target_inflation=TARGET_INFLATION,
                     subsample="with_replacement", name="OverdampedEWSG", preconditioner="auto", control_variates=False,
                     **warmup_options):
     """The overdamped EWSG algorithm (:class:`OverdampedEWSG`) for a traced model.
@@ -429,7 +429,7 @@ class EWSGVRState(NamedTuple):
     num_index_proposed: jnp.ndarray
 
 
-def ewsg_vr(potential, step_size, friction, num_index_steps=1, x_estimate="momentum", calibration_period=1,
+def ewsg_vr(potential, *, step_size, friction, num_index_steps=1, x_estimate="momentum", calibration_period=1,
             chunk_size=4096, name="EWSGVR"):
     """The EWSG-VR algorithm (:class:`EWSGVR`, Alg. 2) for a traced model with one subsample plate.
 

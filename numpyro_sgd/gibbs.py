@@ -263,7 +263,7 @@ def z_sites(potential, hyper_names):
     return tuple(n for n in potential.view.names if n not in set(hyper_names))
 
 
-def sg_within_gibbs(inner, potential, hyper_names, target_accept_prob=0.8, max_tree_depth=8):
+def sg_within_gibbs(inner, potential, *, hyper_names, target_accept_prob=0.8, max_tree_depth=8):
     """SG-within-Gibbs around ``inner`` (see the module docstring): the inner algorithm's steps
     move the non-hyper coordinates z with the hyper sites φ substituted at their current values,
     and one NUTS transition on φ's full conditional follows every block of SG steps (every
@@ -562,7 +562,7 @@ class SGWithinGibbs(SGWrapper):
             if self._group_warning is not None:
                 warnings.warn(self._group_warning, UserWarning, stacklevel=find_stack_level())
         self._z_potential = None
-        algorithm = sg_within_gibbs(self.inner_algorithm, potential, self._hyper_names, **self._nuts_options)
+        algorithm = sg_within_gibbs(self.inner_algorithm, potential, hyper_names=self._hyper_names, **self._nuts_options)
         if algorithm.block.summarises:
             raise ValueError(
                 f"SGWithinGibbs: {type(self._inner).__name__}'s returned draws are averages of its iterates, not "

@@ -150,7 +150,7 @@ def _resolve_window(potential, window, window_error, step_size, name):
     return t, step_product
 
 
-def iasg(potential, step_size=None, window=None, preconditioner="auto", *, window_error=0.05, check_validity=True,
+def iasg(potential, *, step_size=None, window=None, preconditioner="auto", window_error=0.05, check_validity=True,
          subsample="with_replacement", name="IASG", validity_warning=None, **warmup_options):
     """The IASG algorithm (:class:`IASG`) for a traced model.
 

@@ -199,7 +199,7 @@ class SantaKernelState(NamedTuple):
     basis: tuple = ()
 
 
-def santa_algorithm(potential, step_size=None, anneal=False, *, schedule=None, burnin=None, decay=0.999, damping=1e-8,
+def santa_algorithm(potential, *, step_size=None, anneal=False, schedule=None, burnin=None, decay=0.999, damping=1e-8,
                     scheme="euler", thermostat_init=None, target_inflation=TARGET_INFLATION,
                     subsample="with_replacement", name="Santa", preconditioner="auto", **warmup_options):
     """The Santa sampler / annealer (:class:`Santa`) for a traced model.

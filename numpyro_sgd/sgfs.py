@@ -64,7 +64,7 @@ def sgfs_step(rng_key, theta, grad, factor, injected):
     return theta - sgfs_direction(factor, grad + xi)
 
 
-def sgfs(potential, preconditioner="auto", *, step_size=1.0, max_step=None, refresh_every=None, online=True,
+def sgfs(potential, *, preconditioner="auto", step_size=1.0, max_step=None, refresh_every=None, online=True,
          subsample="with_replacement", name="SGFS", **warmup_options):
     """The SGFS algorithm (:class:`SGFS`) for a traced model.
 

@@ -50,7 +50,7 @@ class SGHMCState(NamedTuple):
     control: tuple = ()
 
 
-def sghmc(potential, step_size=None, friction=None, *, target_inflation=TARGET_INFLATION, subsample="with_replacement",
+def sghmc(potential, *, step_size=None, friction=None, target_inflation=TARGET_INFLATION, subsample="with_replacement",
           name="SGHMC", preconditioner="auto", control_variates=False, **warmup_options):
     """The SGHMC algorithm (:class:`SGHMC`) for a traced model.
 

@@ -55,7 +55,7 @@ class SGLDState(NamedTuple):
     control: tuple = ()
 
 
-def sgld(potential, step_size=None, temperature=1.0, *, target_inflation=TARGET_INFLATION,
+def sgld(potential, *, step_size=None, temperature=1.0, target_inflation=TARGET_INFLATION,
          subsample="with_replacement", name="SGLD", preconditioner="auto", control_variates=False,
          integrator="euler", **warmup_options):
     """The SGLD algorithm (:class:`SGLD`) for a traced model.
@@ -249,7 +249,8 @@ class SGLD(SGKernel):
                              control_variates=control_variates, integrator=integrator, **warmup_options)
 
     def _build(self, potential, adapt_steps_per_sample=True):
-        return sgld(potential, self._step_size, self._temperature, subsample=self._driver.subsample, **self._options)
+        return sgld(potential, step_size=self._step_size, temperature=self._temperature, subsample=self._driver.subsample,
+                    **self._options)
 
 
 
@@ -288,7 +289,7 @@ def psgld_step(rng_key, theta, grad, second_moment, step_size, decay, damping, n
     return theta, second_moment
 
 
-def psgld(potential, step_size=None, decay=0.99, damping=1e-5, *, target_inflation=TARGET_INFLATION,
+def psgld(potential, *, step_size=None, decay=0.99, damping=1e-5, target_inflation=TARGET_INFLATION,
           subsample="with_replacement", name="PSGLD", preconditioner="auto", **warmup_options):
     """The pSGLD algorithm (:class:`PSGLD`) for a traced model.
 

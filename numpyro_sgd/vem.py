@@ -66,7 +66,7 @@ def constrain_hyper(potential, hyper):
     return {k: biject_to(potential.param_constraints[k])(v) for k, v in unconstrained.items()}
 
 
-def variational_em(inner, potential, optimizer):
+def variational_em(inner, potential, *, optimizer):
     """Variational EM around an algorithm (Mandt et al. Eq. 26): the θ-steps of ``inner`` at λ_t,
     then λ_{t+1} = λ_t + optimizer(∇_λ Û_S(θ_t; λ_t)) on the step's minibatch (``info.indices``
     when ``info.one_minibatch``, else a fresh one), where λ are the ``numpyro.param`` sites of
@@ -285,7 +285,7 @@ class VariationalEM(SGWrapper):
                 "with numpyro.param(name, init_value, constraint=...) (e.g. a prior precision with "
                 "constraints.positive), or run the kernel without VariationalEM."
             )
-        return variational_em(self.inner_algorithm, potential, self._optimizer())
+        return variational_em(self.inner_algorithm, potential, optimizer=self._optimizer())
 
     def hyperparameters(self, state_or_trace):
         """λ on the constrained scale, ``{param name: value}``.

@@ -220,3 +220,21 @@ def test_arviz_from_numpyro_of_a_run_exports_its_own_rows_after_the_kernel_is_re
         loglik = np.asarray(az.from_numpyro(mcmc, log_likelihood=True)["log_likelihood"]["obs"])
         mu = np.asarray(mcmc.get_samples()["mu"])
         np.testing.assert_allclose(loglik[0], np.asarray(dist.Normal(mu[:, None], 1.0).log_prob(y)), rtol=1e-12)
+
+
+def test_every_builder_takes_its_potential_then_keywords():
+    """The algorithm builders have one signature: ``x(potential, *, ...)`` (a wrapper's
+    ``x(inner, potential, *, ...)``), so an option is always named."""
+    import importlib
+    import inspect
+
+    import numpyro_sgd
+
+    ewsg_module = importlib.import_module("numpyro_sgd.ewsg")  # numpyro_sgd.ewsg is also the builder's name
+
+    builders = [numpyro_sgd.constant_sgd, numpyro_sgd.sgfs, numpyro_sgd.iasg, numpyro_sgd.sgld, numpyro_sgd.psgld,
+                numpyro_sgd.sghmc, numpyro_sgd.santa_algorithm, ewsg_module.ewsg, ewsg_module.overdamped_ewsg,
+                ewsg_module.ewsg_vr, numpyro_sgd.sg_within_gibbs, numpyro_sgd.variational_em]
+    positional = {b.__name__: [p.name for p in inspect.signature(b).parameters.values()
+                               if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)] for b in builders}
+    assert {k: v for k, v in positional.items() if v not in (["potential"], ["inner", "potential"])} == {}
