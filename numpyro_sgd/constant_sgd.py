@@ -35,7 +35,7 @@ from .noise import (
 from .noise import discrete_time_correction as correction_factor
 from .theory import ar1_autocorrelation_time
 from .validation import check_choice, check_number, check_positive
-from .warmup import WarmupState, check_warmup_options, noise_warmup, predicted_relaxation
+from .warmup import WARMUP, WarmupState, check_warmup_options, noise_warmup, predicted_relaxation
 
 __all__ = ["ConstantSGD", "ConstantSGDState", "constant_sgd", "constant_sgd_step"]
 
@@ -299,12 +299,15 @@ class ConstantSGD(SGKernel):
     """
 
     def __init__(self, model, *, preconditioner="auto", step_size=None, momentum=1.0,
-                 discrete_time_correction=True, prior_noise=False, noise_estimator=None, adam_fraction=0.4,
-                 noise_window=0.4, adam_lr=(0.1, 1e-3), warmup_max_step=1.0, warmup_newton=True, **kwargs):
+                 discrete_time_correction=True, prior_noise=False,
+                 noise_estimator=WARMUP.noise_estimator, adam_fraction=WARMUP.adam_fraction,
+                 noise_window=WARMUP.noise_window, adam_lr=WARMUP.adam_lr,
+                 warmup_max_step=WARMUP.warmup_max_step, warmup_newton=WARMUP.warmup_newton, **kwargs):
         check_choice("ConstantSGD", "preconditioner", preconditioner, ("auto",) + PRECONDITIONERS)
         super().__init__(model, **kwargs)
         self._warmup_options = check_warmup_options(
-            "ConstantSGD", noise_estimator, adam_fraction, noise_window, adam_lr, warmup_max_step, warmup_newton)
+            "ConstantSGD", noise_estimator=noise_estimator, adam_fraction=adam_fraction, noise_window=noise_window,
+            adam_lr=adam_lr, warmup_max_step=warmup_max_step, warmup_newton=warmup_newton)
         step_size = check_positive("ConstantSGD", "step_size", step_size, "a positive float or None (use ε*)",
                                    allow_none=True)
         if not 0 < check_number("ConstantSGD", "momentum", momentum) <= 1:

@@ -26,7 +26,7 @@ from .base import SampleBlock, SGAlgorithm, SGKernel, StepInfo, pick_chain
 from .noise import apply_preconditioner, fisher_curvature, regularized_cholesky, resolve_preconditioner
 from .theory import averaged_variance_shortfall, iasg_validity, iterate_average_covariance
 from .validation import check_choice, check_int, check_number, check_positive
-from .warmup import WarmupState, check_warmup_options, noise_warmup
+from .warmup import WARMUP, WarmupState, check_warmup_options, noise_warmup
 
 __all__ = ["IASG", "IASGState", "ValidityWarning", "iasg", "default_step_product"]
 
@@ -356,8 +356,10 @@ class IASG(SGKernel):
     min_steps_per_pass = 100
 
     def __init__(self, model, *, step_size=None, window=None, preconditioner="auto", window_error=0.05,
-                 check_validity=True, noise_estimator=None, adam_fraction=0.4, noise_window=0.4, adam_lr=(0.1, 1e-3),
-                 warmup_max_step=1.0, warmup_newton=True, **kwargs):
+                 check_validity=True,
+                 noise_estimator=WARMUP.noise_estimator, adam_fraction=WARMUP.adam_fraction,
+                 noise_window=WARMUP.noise_window, adam_lr=WARMUP.adam_lr,
+                 warmup_max_step=WARMUP.warmup_max_step, warmup_newton=WARMUP.warmup_newton, **kwargs):
         if "steps_per_sample" in kwargs:
             raise TypeError("IASG: steps_per_sample is the averaging window; pass window=T instead.")
         check_choice("IASG", "preconditioner", preconditioner, IASG_PRECONDITIONERS)
@@ -368,7 +370,8 @@ class IASG(SGKernel):
         window_error = check_number("IASG", "window_error", window_error)
         super().__init__(model, **kwargs)
         self._warmup_options = check_warmup_options(
-            "IASG", noise_estimator, adam_fraction, noise_window, adam_lr, warmup_max_step, warmup_newton)
+            "IASG", noise_estimator=noise_estimator, adam_fraction=adam_fraction, noise_window=noise_window,
+            adam_lr=adam_lr, warmup_max_step=warmup_max_step, warmup_newton=warmup_newton)
         default_step_product(window_error, 1)  # validates window_error before any compute
         self._options = dict(step_size=step_size, window=window, preconditioner=preconditioner,
                              window_error=window_error, check_validity=bool(check_validity),

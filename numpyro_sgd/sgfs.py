@@ -30,7 +30,7 @@ from .noise import (
     sgfs_preconditioner,
 )
 from .validation import check_choice, check_int, check_positive
-from .warmup import WarmupState, WarmupSummary, check_warmup_options, noise_warmup
+from .warmup import WARMUP, WarmupState, WarmupSummary, check_warmup_options, noise_warmup
 
 __all__ = ["SGFS", "SGFSState", "sgfs", "sgfs_step"]
 
@@ -226,8 +226,10 @@ class SGFS(SGKernel):
     """
 
     def __init__(self, model, *, preconditioner="auto", step_size=None, max_step=None, refresh_every=None,
-                 online=True, noise_estimator=None, adam_fraction=0.4, noise_window=0.4, adam_lr=(0.1, 1e-3),
-                 warmup_max_step=1.0, warmup_newton=True, **kwargs):
+                 online=True,
+                 noise_estimator=WARMUP.noise_estimator, adam_fraction=WARMUP.adam_fraction,
+                 noise_window=WARMUP.noise_window, adam_lr=WARMUP.adam_lr,
+                 warmup_max_step=WARMUP.warmup_max_step, warmup_newton=WARMUP.warmup_newton, **kwargs):
         check_choice("SGFS", "preconditioner", preconditioner, ("auto", "full", "diag"))
         step_size = check_positive("SGFS", "step_size", step_size, "a positive float (Mandt's ε)", allow_none=True)
         max_step = check_positive("SGFS", "max_step", max_step, "a positive float (h_max) or None (no cap)",
@@ -241,7 +243,8 @@ class SGFS(SGKernel):
         refresh_every = check_int("SGFS", "refresh_every", refresh_every, allow_none=True)
         super().__init__(model, **kwargs)
         self._warmup_options = check_warmup_options(
-            "SGFS", noise_estimator, adam_fraction, noise_window, adam_lr, warmup_max_step, warmup_newton)
+            "SGFS", noise_estimator=noise_estimator, adam_fraction=adam_fraction, noise_window=noise_window,
+            adam_lr=adam_lr, warmup_max_step=warmup_max_step, warmup_newton=warmup_newton)
         self._options = dict(preconditioner=preconditioner, step_size=1.0 if step_size is None else float(step_size),
                              max_step=max_step, refresh_every=refresh_every, online=bool(online))
 

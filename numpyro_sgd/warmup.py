@@ -75,15 +75,35 @@ from .potential import grad_and_hessian
 from .protocol import StepInfo
 from .validation import check_choice, check_number
 
-__all__ = ["WarmupState", "WarmupSummary", "NoiseWarmup", "noise_warmup", "WARMUP_DEFAULTS", "check_warmup_options",
+__all__ = ["WarmupState", "WarmupSummary", "NoiseWarmup", "noise_warmup", "WarmupOptions", "WARMUP",
+           "WARMUP_DEFAULTS", "check_warmup_options",
            "warmup_refresh_every", "pop_warmup_options", "with_default_steps", "newton_decrement", "newton_to_mode",
            "CurvatureBasis", "curvature_basis", "identity_basis", "OracleInBasis", "step_in_basis",
            "LANGEVIN_PRECONDITIONERS", "check_langevin_preconditioner", "PredictedRelaxation", "FROZEN_SPREAD",
            "coordinate_name", "frozen_direction_cause", "predicted_relaxation"]
 
-#: defaults of the warmup options every noise-adapting kernel accepts
-WARMUP_DEFAULTS = dict(noise_estimator=None, adam_fraction=0.4, noise_window=0.4, adam_lr=(0.1, 1e-3),
-                       warmup_max_step=1.0, warmup_newton=True)
+class WarmupOptions(NamedTuple):
+    """The options of the noise warmup every noise-adapting kernel accepts, with their defaults:
+    the one place they are written (the kernels' signatures read them from :data:`WARMUP`)."""
+
+    #: how the minibatch gradient-noise covariance is estimated (None: the kernel's choice)
+    noise_estimator: object = None
+    #: fraction of the warmup steps spent in Adam towards the mode
+    adam_fraction: float = 0.4
+    #: fraction of the warmup steps whose minibatch gradients average the noise estimate
+    noise_window: float = 0.4
+    #: Adam's learning rate at the start and at the end of its phase (cosine decay)
+    adam_lr: tuple = (0.1, 1e-3)
+    #: the largest SG step during the noise phase, in posterior sds of the current estimate
+    warmup_max_step: float = 1.0
+    #: Newton steps to the mode region at the hand-over from Adam when warmup is far from it
+    warmup_newton: bool = True
+
+
+#: the warmup's defaults
+WARMUP = WarmupOptions()
+#: the same, as a dict
+WARMUP_DEFAULTS = WARMUP._asdict()
 
 
 class WarmupState(NamedTuple):
@@ -161,9 +181,13 @@ def warmup_refresh_every(dim):
     return min(8, -(-dim // 16))
 
 
-def check_warmup_options(name, noise_estimator=None, adam_fraction=0.4, noise_window=0.4, adam_lr=(0.1, 1e-3),
-                         warmup_max_step=1.0, warmup_newton=True):
-    """Validate the warmup options in a kernel's ``__init__`` (before any compute); returns them as a dict."""
+def check_warmup_options(name, **options):
+    """Validate the warmup options (:class:`WarmupOptions`; those not given take its defaults) in a
+    kernel's ``__init__``, before any compute; returns all of them as a dict."""
+    unknown = sorted(set(options) - set(WARMUP_DEFAULTS))
+    if unknown:
+        raise TypeError(f"{name}: {unknown} are not warmup options (those are {sorted(WARMUP_DEFAULTS)}).")
+    noise_estimator, adam_fraction, noise_window, adam_lr, warmup_max_step, warmup_newton = WARMUP._replace(**options)
     if noise_estimator is not None:
         check_choice(name, "noise_estimator", noise_estimator, NOISE_ESTIMATORS)
     adam_fraction, noise_window, warmup_max_step = (check_number(name, arg, value) for arg, value in (
@@ -183,9 +207,9 @@ def check_warmup_options(name, noise_estimator=None, adam_fraction=0.4, noise_wi
                 adam_lr=tuple(adam_lr), warmup_max_step=warmup_max_step, warmup_newton=bool(warmup_newton))
 
 
-def noise_warmup(potential, full, name, noise_estimator=None, adam_fraction=0.4, noise_window=0.4,
-                 adam_lr=(0.1, 1e-3), warmup_max_step=1.0, warmup_newton=True, keep_hessian=False):
-    """Build the warmup adapter for the traced model (see the module docstring).
+def noise_warmup(potential, full, name, *, keep_hessian=False, **options):
+    """Build the warmup adapter for the traced model (see the module docstring); ``options``: the
+    :class:`WarmupOptions` (those not given take its defaults).
 
     :param potential: the :class:`~numpyro_sgd.potential.SubsampledPotential` (plates, D).
     :param bool full: estimate the full D × D matrix Q (else its diagonal, O(S·D)).
@@ -196,6 +220,7 @@ def noise_warmup(potential, full, name, noise_estimator=None, adam_fraction=0.4,
         hand-over (``WarmupState.hessian``, D × D) for the sampler's end of warmup (ConstantSGD's
         relaxation time), so that no second Hessian program is compiled; needs ``warmup_newton``.
     """
+    noise_estimator, adam_fraction, noise_window, adam_lr, warmup_max_step, warmup_newton = WARMUP._replace(**options)
     # under the cluster law a minibatch of S rows holds S/B independent units (its clusters)
     sizes = tuple(p.subsample_size for p in potential.plates)
     units = tuple(p.subsample_size // p.cluster_size for p in potential.plates)
