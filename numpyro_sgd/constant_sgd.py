@@ -35,7 +35,7 @@ from .noise import (
 from .noise import discrete_time_correction as correction_factor
 from .theory import ar1_autocorrelation_time
 from .validation import check_choice, check_number, check_positive
-from .warmup import WARMUP, WarmupState, check_warmup_options, noise_warmup, predicted_relaxation
+from .warmup import WARMUP, WarmupState, check_warmup_options, noise_warmup, predicted_relaxation, warmup_step_of
 
 __all__ = ["ConstantSGD", "ConstantSGDState", "constant_sgd", "constant_sgd_step"]
 
@@ -125,9 +125,7 @@ def constant_sgd(potential, *, preconditioner="auto", step_size=None, momentum=1
             spectrum=() if full else unknown_spectrum(dtype),
         )
 
-    def warmup_step(rng_key, step, theta, state, oracle):
-        theta, ws, info = warmup.update(rng_key, step, theta, state.warmup, oracle)
-        return theta, state._replace(warmup=ws), info
+    warmup_step = warmup_step_of(warmup)
 
     def end_warmup(theta, state, oracle):
         summary = warmup.final(state.warmup, theta, oracle)

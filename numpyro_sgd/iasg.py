@@ -26,7 +26,7 @@ from .base import SampleBlock, SGAlgorithm, SGKernel, StepInfo, pick_chain
 from .noise import apply_preconditioner, fisher_curvature, regularized_cholesky, resolve_preconditioner
 from .theory import averaged_variance_shortfall, iasg_validity, iterate_average_covariance
 from .validation import check_choice, check_int, check_number, check_positive
-from .warmup import WARMUP, WarmupState, check_warmup_options, noise_warmup
+from .warmup import WARMUP, WarmupState, check_warmup_options, noise_warmup, warmup_step_of
 
 __all__ = ["IASG", "IASGState", "ValidityWarning", "iasg", "default_step_product"]
 
@@ -202,9 +202,7 @@ def iasg(potential, *, step_size=None, window=None, preconditioner="auto", windo
             num_averaged=jnp.zeros((), jnp.int32), warmup=ws,
         )
 
-    def warmup_step(rng_key, step, theta, state, oracle):
-        theta, ws, info = warmup.update(rng_key, step, theta, state.warmup, oracle)
-        return theta, state._replace(warmup=ws), info
+    warmup_step = warmup_step_of(warmup)
 
     def end_warmup(theta, state, oracle):
         summary = warmup.final(state.warmup, theta, oracle)

@@ -30,7 +30,7 @@ from .noise import (
     sgfs_preconditioner,
 )
 from .validation import check_choice, check_int, check_positive
-from .warmup import WARMUP, WarmupState, WarmupSummary, check_warmup_options, noise_warmup
+from .warmup import WARMUP, WarmupState, WarmupSummary, check_warmup_options, noise_warmup, warmup_step_of
 
 __all__ = ["SGFS", "SGFSState", "sgfs", "sgfs_step"]
 
@@ -102,10 +102,8 @@ def sgfs(potential, *, preconditioner="auto", step_size=1.0, max_step=None, refr
                                                None if max_step is None else state.max_precond)
         return noise, factor, injected
 
-    def warmup_step(rng_key, step, theta, state, oracle):
-        theta, ws, info = warmup.update(rng_key, step, theta, state.warmup, oracle)
-        # the noise estimate sampling continues from (the same values as warmup's)
-        return theta, state._replace(warmup=ws, noise_state=ws.noise_state), info
+    # the noise estimate sampling continues from (the same values as warmup's)
+    warmup_step = warmup_step_of(warmup, also=lambda ws: {"noise_state": ws.noise_state})
 
     def end_warmup(theta, state, oracle):
         # Q from the noise estimate the chain continues (after warmup: warmup's own)

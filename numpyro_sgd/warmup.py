@@ -76,7 +76,7 @@ from .protocol import StepInfo
 from .validation import check_choice, check_number
 
 __all__ = ["WarmupState", "WarmupSummary", "NoiseWarmup", "noise_warmup", "WarmupOptions", "WARMUP",
-           "WARMUP_DEFAULTS", "check_warmup_options",
+           "WARMUP_DEFAULTS", "warmup_step_of", "check_warmup_options",
            "warmup_refresh_every", "pop_warmup_options", "with_default_steps", "newton_decrement", "newton_to_mode",
            "CurvatureBasis", "curvature_basis", "identity_basis", "OracleInBasis", "step_in_basis",
            "LANGEVIN_PRECONDITIONERS", "check_langevin_preconditioner", "PredictedRelaxation", "FROZEN_SPREAD",
@@ -463,6 +463,18 @@ def newton_to_mode(potential_fn, theta, threshold, max_steps=NEWTON_MAX_STEPS):
     return kept, start, hessian
 
 
+def warmup_step_of(warmup, also=None):
+    """An algorithm's ``warmup_step`` that delegates to the noise warmup ``warmup`` (its adapter),
+    whose state is the kernel state's ``warmup`` field; ``also(ws)``: other fields of the kernel
+    state to set from the new warmup state."""
+
+    def warmup_step(rng_key, step, theta, state, oracle):
+        theta, ws, info = warmup.update(rng_key, step, theta, state.warmup, oracle)
+        return theta, state._replace(warmup=ws, **({} if also is None else also(ws))), info
+
+    return warmup_step
+
+
 def pop_warmup_options(name, kwargs, default_steps):
     """Take the warmup options (:data:`WARMUP_DEFAULTS`) out of a kernel's ``**kwargs`` and validate them.
 
@@ -555,9 +567,7 @@ def with_default_steps(algorithm, potential, name, set_steps, warmup_options, su
             state = state._replace(control=unset_control(theta))
         return state._replace(basis=identity_basis(theta, kind == "full")) if in_basis else state
 
-    def warmup_step(rng_key, step, theta, state, oracle):
-        theta, ws, info = warmup.update(rng_key, step, theta, state.warmup, oracle)
-        return theta, state._replace(warmup=ws), info
+    warmup_step = warmup_step_of(warmup)
 
     def end_warmup(theta, state, oracle):
         summary = warmup.final(state.warmup, theta, oracle)
