@@ -280,7 +280,8 @@ class InitChecks:
         arrays, _, key = split_arrays(model_args, model_kwargs)
         if self.data_checked != key:
             check_data(type(kernel).__name__, kernel, state, vectorized,
-                       arrays + [r.source for r in streamed_sources(model_args)], model_args, model_kwargs)
+                       arrays + [r.source for r in streamed_sources((model_args, model_kwargs))], model_args,
+                       model_kwargs)
             self.data_checked = key
         if not np.isfinite(np.asarray(state.potential_energy)).all():
             raise ValueError(

@@ -1,5 +1,6 @@
-"""Reading a finished run: its draws, model arguments and pointwise log-likelihood, and its ArviZ
-data (:func:`to_arviz`, correct for subsampled models: the full-data log-likelihood in blocks).
+"""Reading a finished run: its kernel, draws, model arguments and pointwise log-likelihood (the
+full-data log-likelihood in blocks), what :func:`~numpyro_sgd.to_arviz`, the end-of-run checks
+and the comparisons build on.
 """
 
 from __future__ import annotations
