@@ -147,6 +147,13 @@ class StreamedRows:
             return jnp.asarray(view)
         return jnp.asarray(np.asarray(self.source[key]))
 
+    def block(self, offset, rows):
+        """Rows ``offset … offset + rows − 1`` as an array of ``rows`` rows, read only where
+        indexed. ``offset`` may be traced: under ``mesh=`` each device's block of the data plate
+        (``lax.axis_index(axis) · N/k``), so that a device, and under ``jax.distributed`` a
+        process, reads only its own share of the file."""
+        return _Block(self, offset, rows)
+
     def _whole(self, *_, **__):
         raise TypeError(
             f"{self.name}: the model uses all {self.shape[0]:,} rows of a streamed array at once ({self!r}); a "
@@ -158,7 +165,36 @@ class StreamedRows:
     __truediv__ = __rtruediv__ = __neg__ = __iter__ = _whole
 
 
-jax.tree_util.register_pytree_node(StreamedRows, lambda s: ((), s), lambda s, _: s)
+class _Block(StreamedRows):
+    """:meth:`StreamedRows.block`: row i is row ``offset + i`` of ``parent``."""
+
+    def __init__(self, parent, offset, rows):
+        self.__dict__.update(parent.__dict__)
+        self.parent, self.offset = parent, offset
+        self.shape = (int(rows),) + parent.shape[1:]
+
+    def __getitem__(self, key):
+        key = key if isinstance(key, tuple) else (key,)
+        rows, rest = key[0], key[1:]
+        if isinstance(rows, (jax.Array, np.ndarray)):
+            return self.parent[(jnp.asarray(rows) + self.offset,) + rest]
+        if isinstance(rows, slice) and rows == slice(None):
+            return _Block(self.parent[key], self.offset, self.shape[0]) if rest else self
+        raise TypeError(f"{self.name}: under mesh= a streamed array is indexed by the plate's indices (X[idx], "
+                        f"X[idx, j], X[:, j]); got the subscript {key!r}.")
+
+
+for _cls in (StreamedRows, _Block):
+    jax.tree_util.register_pytree_node(_cls, lambda s: ((), s), lambda s, _: s)
+
+
+def blocks_of(tree, offset, rows, num_rows):
+    """``tree`` (model arguments) with each :class:`StreamedRows` of ``num_rows`` rows replaced by
+    its :meth:`~StreamedRows.block` ``(offset, rows)``."""
+    def block(x):
+        return x.block(offset, rows) if isinstance(x, StreamedRows) and x.shape[0] == num_rows else x
+
+    return jax.tree.map(block, tree, is_leaf=lambda x: isinstance(x, StreamedRows))
 
 
 class _Shards:

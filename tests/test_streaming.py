@@ -158,3 +158,68 @@ def test_to_arviz_refuses_a_pointwise_log_likelihood_larger_than_memory(files, m
     monkeypatch.setattr(diagnostics, "_physical_memory_bytes", lambda: 2 * 40 * N * 4 - 8)  # just under 2× its size
     with pytest.raises(ValueError, match=r"would take 0.0 GiB.*loo_subsample"):
         to_arviz(mcmc, log_likelihood=True)
+
+
+MESH_SCRIPT = r"""
+import json, sys
+import numpy as np, jax, jax.numpy as jnp, numpyro, numpyro.distributions as dist
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from numpyro.infer import MCMC
+from numpyro_sgd import ConstantSGD
+from numpyro_sgd.streaming import StreamedRows
+
+assert jax.device_count() == 2
+d, n, s = sys.argv[1], 4000, 200
+Xm, ym = np.load(d + "/X.npy", mmap_mode="r"), np.load(d + "/y.npy", mmap_mode="r")
+mesh = Mesh(np.array(jax.devices()), ("data",))
+
+def model(X, y):
+    w = numpyro.sample("w", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0], subsample_size=s) as idx:
+        numpyro.sample("y", dist.Bernoulli(logits=X[idx] @ w), obs=y[idx])
+
+reads, gather = [], StreamedRows.gather
+StreamedRows.gather = lambda self, idx: reads.append([int(np.min(idx)), int(np.max(idx)), int(np.size(idx))]) or gather(self, idx)
+
+def draws(*data, **kw):
+    mcmc = MCMC(ConstantSGD(model, mesh=mesh), num_warmup=10, num_samples=40, progress_bar=False, **kw)
+    mcmc.run(jax.random.key(0), *data)
+    return np.asarray(mcmc.get_samples()["w"]).tolist()
+
+streamed = draws(Xm, ym)
+step_reads = [r for r in reads if r[2] == s // 2]
+sh = NamedSharding(mesh, P("data"))
+device = draws(jax.device_put(jnp.asarray(Xm), sh), jax.device_put(jnp.asarray(ym), sh), jit_model_args=True)
+halves = sorted({(r[0] >= n // 2, r[1] >= n // 2) for r in step_reads})
+print("RESULT" + json.dumps(dict(streamed=streamed, device=device, halves=halves, steps=len(step_reads))))
+"""
+
+
+def test_streamed_rows_under_a_mesh_read_each_devices_own_block(files):
+    """``mesh=`` over 2 devices with memmapped data: each step's host reads (S/2 rows per device)
+    lie in one half of the file, the device's own block, and the draws equal those of the same
+    data sharded over the devices as JAX arrays (same law, same arithmetic)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    d, X, y = files
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", MESH_SCRIPT, str(d)], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(next(x for x in out.stdout.splitlines() if x.startswith("RESULT"))[len("RESULT"):])
+    assert r["steps"] > 0 and r["halves"] == [[False, False], [True, True]], r["halves"]
+    np.testing.assert_allclose(r["streamed"], r["device"], rtol=1e-5, atol=1e-6)
+
+
+def test_streamed_rows_under_jax_distributed_are_refused(files, monkeypatch):
+    """Several processes with streamed data are refused before any compute, naming the fix."""
+    from jax.sharding import Mesh
+
+    d, X, y = files
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
+    with pytest.raises(ValueError, match="load_process_rows"):
+        run(ConstantSGD(model, mesh=mesh), np.load(d / "X.npy", mmap_mode="r"), np.load(d / "y.npy", mmap_mode="r"))
