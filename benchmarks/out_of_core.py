@@ -184,10 +184,42 @@ def marginal_pass(data, jit_args, repeats=3):
     return (float(np.median(seconds[6])) - float(np.median(seconds[3]))) / 3
 
 
+def hand_written_pass(X, y, cluster_size, streamed, repeats=3):
+    """Seconds per data pass of a hand-written ``lax.scan`` loop doing what ConstantSGD-full's
+    sampling step does at its core (S = 10,000 rows in clusters of ``cluster_size``, the logistic
+    gradient, θ ← θ − ε ∇): its rows gathered by XLA from JAX arrays in device memory, or
+    (``streamed``) by two host callbacks, X's rows and y's, each one ``np.take`` of the memmap."""
+    from numpyro_sgd.indices import cluster_indices
+
+    n, d, s = X.shape[0], X.shape[1], 10_000
+    Xd, yd = (None, None) if streamed else (jnp.asarray(X), jnp.asarray(y))
+
+    def rows(idx):
+        if not streamed:
+            return Xd[idx], yd[idx]
+        return (jax.pure_callback(lambda i: np.take(X, i, axis=0), jax.ShapeDtypeStruct((s, d), jnp.float32), idx),
+                jax.pure_callback(lambda i: np.take(y, i), jax.ShapeDtypeStruct((s,), jnp.float32), idx))
+
+    def step(w, key):
+        Xb, yb = rows(cluster_indices(key, s, n, cluster_size))
+        return w - 1e-7 * (n / s) * (Xb.T @ (jax.nn.sigmoid(Xb @ w) - yb)), None
+
+    loop = jax.jit(lambda w, keys: jax.lax.scan(step, w, keys)[0])
+    keys = jax.random.split(jax.random.key(0), n // s)
+    loop(jnp.zeros(d), keys).block_until_ready()
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        loop(jnp.zeros(d), keys).block_until_ready()
+        seconds.append(time.perf_counter() - start)
+    return float(np.median(seconds))
+
+
 def breakdown(X, y, read_s):
     """Where a streamed pass's time goes: the marginal pass of the same kernel on the memmaps and on
-    JAX arrays in device memory, an empty host callback in a compiled loop, and the host gathers
-    (``StreamedRows.gather``, timed inside the streamed runs: seconds per call, per array)."""
+    JAX arrays in device memory, the same two against a hand-written loop (:func:`hand_written_pass`),
+    an empty host callback in a compiled loop, and the host gathers (``StreamedRows.gather``, timed
+    inside the streamed runs: seconds per call, per array)."""
     from numpyro_sgd.streaming import StreamedRows
 
     timed_gather, spent = StreamedRows.gather, {}
@@ -214,6 +246,14 @@ def breakdown(X, y, read_s):
     loop(jax.random.key(1)).block_until_ready()
     callback = (time.perf_counter() - start) / 5_000
     per_call = {ndim: total / calls for ndim, (total, calls) in spent.items()}
+    from numpyro_sgd.indices import choose_cluster_size
+
+    b = choose_cluster_size(X.shape[0], 10_000, X.shape[1], X.shape[1] * X.itemsize + y.itemsize)
+    hand = {mode: hand_written_pass(X, y, b, mode) for mode in (False, True)}
+    print(f"hand-written lax.scan loop, the same step's core (B = {b}): {hand[True]:.2f} s a pass with the rows "
+          f"read by two host callbacks ({hand[True] / read_s:.2f}× one read), {hand[False]:.2f} s with them in "
+          f"device memory ({hand[False] / read_s:.2f}× one read). The kernel against it: streamed "
+          f"{streamed / hand[True]:.2f}×, device {device / hand[False]:.2f}×.", flush=True)
     print(f"breakdown, ConstantSGD-full, S = 10,000 ({steps:,} steps a pass): a sampling pass costs {streamed:.2f} s "
           f"streamed from the memmaps ({streamed / read_s:.2f}× one read) and {device:.2f} s on JAX arrays in "
           f"device memory ({device / read_s:.2f}× one read), {1e6 * (streamed - device) / steps:.0f} µs more a step. "
