@@ -188,7 +188,8 @@ def hand_written_pass(X, y, cluster_size, streamed, repeats=3):
     """Seconds per data pass of a hand-written ``lax.scan`` loop doing what ConstantSGD-full's
     sampling step does at its core (S = 10,000 rows in clusters of ``cluster_size``, the logistic
     gradient, θ ← θ − ε ∇): its rows gathered by XLA from JAX arrays in device memory, or
-    (``streamed``) by two host callbacks, X's rows and y's, each one ``np.take`` of the memmap."""
+    (``streamed``) by one host callback that reads X's rows and y's (``np.take`` of each memmap),
+    as the kernel does (:func:`numpyro_sgd.streaming.one_read_per_plate`)."""
     from numpyro_sgd.indices import cluster_indices
 
     n, d, s = X.shape[0], X.shape[1], 10_000
@@ -197,8 +198,8 @@ def hand_written_pass(X, y, cluster_size, streamed, repeats=3):
     def rows(idx):
         if not streamed:
             return Xd[idx], yd[idx]
-        return (jax.pure_callback(lambda i: np.take(X, i, axis=0), jax.ShapeDtypeStruct((s, d), jnp.float32), idx),
-                jax.pure_callback(lambda i: np.take(y, i), jax.ShapeDtypeStruct((s,), jnp.float32), idx))
+        specs = (jax.ShapeDtypeStruct((s, d), jnp.float32), jax.ShapeDtypeStruct((s,), jnp.float32))
+        return jax.pure_callback(lambda i: (np.take(X, i, axis=0), np.take(y, i)), specs, idx)
 
     def step(w, key):
         Xb, yb = rows(cluster_indices(key, s, n, cluster_size))
@@ -251,7 +252,7 @@ def breakdown(X, y, read_s):
     b = choose_cluster_size(X.shape[0], 10_000, X.shape[1], X.shape[1] * X.itemsize + y.itemsize)
     hand = {mode: hand_written_pass(X, y, b, mode) for mode in (False, True)}
     print(f"hand-written lax.scan loop, the same step's core (B = {b}): {hand[True]:.2f} s a pass with the rows "
-          f"read by two host callbacks ({hand[True] / read_s:.2f}× one read), {hand[False]:.2f} s with them in "
+          f"read by one host callback ({hand[True] / read_s:.2f}× one read), {hand[False]:.2f} s with them in "
           f"device memory ({hand[False] / read_s:.2f}× one read). The kernel against it: streamed "
           f"{streamed / hand[True]:.2f}×, device {device / hand[False]:.2f}×.", flush=True)
     print(f"breakdown, ConstantSGD-full, S = 10,000 ({steps:,} steps a pass): a sampling pass costs {streamed:.2f} s "
@@ -259,7 +260,7 @@ def breakdown(X, y, read_s):
           f"device memory ({device / read_s:.2f}× one read), {1e6 * (streamed - device) / steps:.0f} µs more a step. "
           f"An empty host callback in a compiled loop: {1e6 * callback:.0f} µs; a host gather in those runs: "
           f"{1e6 * per_call.get(2, float('nan')):.0f} µs for X's rows and {1e6 * per_call.get(1, float('nan')):.0f} µs "
-          "for y's (two callbacks a step).", flush=True)
+          "for y's (both in one callback a step).", flush=True)
 
 
 def in_memory(args):

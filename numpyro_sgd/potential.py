@@ -71,6 +71,7 @@ from .indices import (  # noqa: F401
 from .model_args import as_jax_args, is_tracer, split_arrays  # noqa: F401
 from .oracle import HESSIAN_ROWS, HESSIAN_SEED, MinibatchOracle, grad_and_hessian  # noqa: F401
 from .replay import evaluate, replay
+from .streaming import one_read_per_plate
 from .validation import check_model_args
 
 __all__ = ["PlateInfo", "SubsampledPotential", "MinibatchOracle", "SUBSAMPLE_METHODS", "uniform_indices",
@@ -413,7 +414,8 @@ class SubsampledPotential:
 
     def _potential(self, theta, indices, model_args, model_kwargs, params):
         model = SetPlateIndices(self._with_params(params), indices=indices)
-        with warnings.catch_warnings():
+        sizes = {p.name: p.size for p in self.plates}
+        with warnings.catch_warnings(), one_read_per_plate(indices, sizes, (model_args, model_kwargs)):
             warnings.simplefilter("ignore", UserWarning)
             return potential_energy(model, model_args, model_kwargs, self.view.unravel(theta))
 

@@ -17,6 +17,8 @@ A :class:`StreamedRows` is a JAX pytree with no leaves, so it passes through ``j
 array.
 """
 
+import contextlib
+import contextvars
 import itertools
 import os
 
@@ -24,12 +26,50 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["StreamedRows", "stream", "open_shards", "streamed_leaves", "streamed_sources", "check_memmaps"]
+__all__ = ["StreamedRows", "stream", "open_shards", "streamed_leaves", "streamed_sources", "check_memmaps",
+           "one_read_per_plate"]
 
 _SERIAL = itertools.count()
 
 #: the words of :meth:`StreamedRows.gather`'s error for a row past the data (read by the plate check)
 PAST_THE_DATA = "asked of data with"
+
+#: while a potential is traced: ``{id(idx): (idx, {id(array): rows})}``, the rows of a plate's
+#: streamed arrays already read for the plate's indices ``idx`` (:func:`one_read_per_plate`)
+_PLATE_READS = contextvars.ContextVar("numpyro_sgd_plate_reads", default={})
+
+
+@contextlib.contextmanager
+def one_read_per_plate(indices, sizes, tree):
+    """While the model is traced inside this block, the streamed arrays of ``tree`` (the model
+    arguments) with a plate's N rows are read for that plate's minibatch ``indices[name]`` in one
+    host callback, issued here; the model's ``X[idx]``, ``y[idx]`` then take their part. A host
+    callback has a fixed cost (about 35 µs on a 2-core CPU), so one per plate instead of one per
+    array: a hand-written loop reading X's and y's rows took 0.59 s a pass with one callback and
+    0.68 s with two (N = 2·10⁷, D = 20, S = 10⁴). An array of the plate's length that the model
+    does not index is read too (a wasted read, never a wrong one); where nothing uses the read,
+    XLA drops it.
+
+    :param dict indices: ``{plate name: indices}``; :param dict sizes: ``{plate name: N}``.
+    """
+    sources = streamed_sources(tree)
+    reads = {}
+    for name, idx in indices.items():
+        group = list({id(a): a for a in sources if a.shape[0] == sizes.get(name)}.values())
+        if len(group) > 1 and jnp.issubdtype(jnp.result_type(idx), jnp.integer):
+            rows = _read_together(group, jnp.asarray(idx))
+            reads[id(idx)] = (idx, {id(a): r for a, r in zip(group, rows)})
+    token = _PLATE_READS.set({**_PLATE_READS.get(), **reads})
+    try:
+        yield
+    finally:
+        _PLATE_READS.reset(token)
+
+
+def _read_together(arrays, idx):
+    """The rows ``idx`` of each of ``arrays`` (:class:`StreamedRows`), by one host callback."""
+    specs = tuple(jax.ShapeDtypeStruct(idx.shape + a.shape[1:], a.dtype) for a in arrays)
+    return jax.pure_callback(lambda i: tuple(a.gather(i) for a in arrays), specs, idx, vmap_method="expand_dims")
 
 
 def _row_contiguous(array):
@@ -137,8 +177,12 @@ class StreamedRows:
             if not jnp.issubdtype(jnp.result_type(rows), jnp.integer):
                 raise IndexError(f"{self.name}: rows are indexed by integers; got {jnp.result_type(rows)}")
             idx = jnp.asarray(rows)
-            out = jax.pure_callback(self.gather, jax.ShapeDtypeStruct(idx.shape + self.shape[1:], self.dtype), idx,
-                                    vmap_method="expand_dims")
+            read = _PLATE_READS.get().get(id(rows))
+            if read is not None and read[0] is rows and id(self) in read[1]:
+                out = read[1][id(self)]  # read with the plate's other arrays (one_read_per_plate)
+            else:
+                out = jax.pure_callback(self.gather, jax.ShapeDtypeStruct(idx.shape + self.shape[1:], self.dtype),
+                                        idx, vmap_method="expand_dims")
             return out[(slice(None),) * idx.ndim + rest] if rest else out
         if isinstance(self.source, np.ndarray):
             view = self.source[key]

@@ -223,3 +223,23 @@ def test_streamed_rows_under_jax_distributed_are_refused(files, monkeypatch):
     mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
     with pytest.raises(ValueError, match="load_process_rows"):
         run(ConstantSGD(model, mesh=mesh), np.load(d / "X.npy", mmap_mode="r"), np.load(d / "y.npy", mmap_mode="r"))
+
+
+def test_a_plates_streamed_arrays_are_read_by_one_callback(files):
+    """X[idx] and y[idx] under one plate are one host callback (its fixed cost paid once a step),
+    with the values of the same potential on device arrays; an array of another length keeps its
+    own callback."""
+    from numpyro_sgd.potential import SubsampledPotential
+
+    d, X, y = files
+    streamed = (stream(d / "X.npy"), stream(d / "y.npy"))
+    pot = SubsampledPotential.from_model(model, streamed)
+    theta, idx = jnp.array([0.3, -0.2, 0.1]), {"data": jnp.arange(0, N, N // S)}
+    text = str(jax.make_jaxpr(lambda t, i: pot.potential_and_grad(t, i, streamed))(theta, idx))
+    assert text.count("pure_callback") == 1, text
+    device = pot.potential_and_grad(theta, idx, (jnp.asarray(X), jnp.asarray(y)))
+    np.testing.assert_allclose(np.asarray(jax.jit(lambda t: pot.potential_and_grad(t, idx, streamed)[1])(theta)),
+                               np.asarray(device[1]), rtol=1e-5)
+    short = (stream(d / "X.npy"), stream(np.asarray(y)[: N // 2]))  # y not of the plate's length
+    text = str(jax.make_jaxpr(lambda t, i: pot.potential(t, i, short))(theta, {"data": jnp.arange(S)}))
+    assert text.count("pure_callback") == 2, text
