@@ -62,8 +62,9 @@ def check_mesh(name, mesh, axis, potential, subsample, warmup_subsample, streame
     if streamed and jax.process_count() > 1:
         raise ValueError(
             f"{name}: streamed data (a memmap or numpyro_sgd.stream) under jax.distributed ({jax.process_count()} "
-            "processes) is not supported (docs/out_of_core.md). Load each process's own rows instead, numpyro_sgd.datasets.load_process_rows(path, mesh), which "
-            "memory-maps the file and reads only those rows.")
+            "processes) is not supported (docs/out_of_core.md). Load each process's own rows instead, "
+            "numpyro_sgd.datasets.load_process_rows(path, mesh), which memory-maps the file and copies only "
+            "those rows.")
     if axis not in mesh.axis_names:
         raise ValueError(f"{name}: the mesh has no axis {axis!r} (its axes: {mesh.axis_names}); pass "
                          f"mesh_axis= one of them.")

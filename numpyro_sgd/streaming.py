@@ -36,7 +36,7 @@ PAST_THE_DATA = "asked of data with"
 
 #: while a potential is traced: ``{id(idx): (idx, {id(array): rows})}``, the rows of a plate's
 #: streamed arrays already read for the plate's indices ``idx`` (:func:`one_read_per_plate`)
-_PLATE_READS = contextvars.ContextVar("numpyro_sgd_plate_reads", default={})
+_PLATE_READS = contextvars.ContextVar("numpyro_sgd_plate_reads", default=None)
 
 
 @contextlib.contextmanager
@@ -59,7 +59,7 @@ def one_read_per_plate(indices, sizes, tree):
         if len(group) > 1 and jnp.issubdtype(jnp.result_type(idx), jnp.integer):
             rows = _read_together(group, jnp.asarray(idx))
             reads[id(idx)] = (idx, {id(a): r for a, r in zip(group, rows)})
-    token = _PLATE_READS.set({**_PLATE_READS.get(), **reads})
+    token = _PLATE_READS.set({**(_PLATE_READS.get() or {}), **reads})
     try:
         yield
     finally:
@@ -177,7 +177,7 @@ class StreamedRows:
             if not jnp.issubdtype(jnp.result_type(rows), jnp.integer):
                 raise IndexError(f"{self.name}: rows are indexed by integers; got {jnp.result_type(rows)}")
             idx = jnp.asarray(rows)
-            read = _PLATE_READS.get().get(id(rows))
+            read = (_PLATE_READS.get() or {}).get(id(rows))
             if read is not None and read[0] is rows and id(self) in read[1]:
                 out = read[1][id(self)]  # read with the plate's other arrays (one_read_per_plate)
             else:

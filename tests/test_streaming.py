@@ -179,7 +179,8 @@ def model(X, y):
         numpyro.sample("y", dist.Bernoulli(logits=X[idx] @ w), obs=y[idx])
 
 reads, gather = [], StreamedRows.gather
-StreamedRows.gather = lambda self, idx: reads.append([int(np.min(idx)), int(np.max(idx)), int(np.size(idx))]) or gather(self, idx)
+StreamedRows.gather = lambda self, idx: (reads.append([int(np.min(idx)), int(np.max(idx)), int(np.size(idx))])
+                                         or gather(self, idx))
 
 def draws(*data, **kw):
     mcmc = MCMC(ConstantSGD(model, mesh=mesh), num_warmup=10, num_samples=40, progress_bar=False, **kw)
