@@ -18,7 +18,7 @@ from numpyro.util import find_stack_level
 from .likelihood import log_likelihood_chunks
 from .model_args import is_tracer, split_arrays
 from .sharding import check_mesh
-from .streaming import streamed_leaves, streamed_sources
+from .streaming import streamed_sources
 from .structure import classify_sites, hyper_candidates, support_conflict
 from .warmup import PredictedRelaxation
 
@@ -259,7 +259,7 @@ class InitChecks:
         name, potential, options = type(kernel).__name__, kernel.potential, kernel.driver_options
         if options["mesh"] is not None:
             check_mesh(name, options["mesh"], options["mesh_axis"], potential, options["subsample"],
-                       options["warmup_subsample"], bool(streamed_sources(streamed_leaves((model_args, model_kwargs)))))
+                       options["warmup_subsample"])
         check_problem_size(name, potential)
         warn_short_blocks(name, algorithm, kernel.steps_per_sample)
         if is_tracer((model_args, model_kwargs)):  # under pmap (chain_method="parallel")

@@ -56,15 +56,8 @@ class _GlobalScale(Messenger):
                     msg["scale"] = factor if msg["scale"] is None else msg["scale"] * factor
 
 
-def check_mesh(name, mesh, axis, potential, subsample, warmup_subsample, streamed=False):
-    """Raise a ValueError, before any compute, for a mesh the data-parallel step cannot use
-    (``streamed``: some model argument is read in place, :mod:`~numpyro_sgd.streaming`)."""
-    if streamed and jax.process_count() > 1:
-        raise ValueError(
-            f"{name}: streamed data (a memmap or numpyro_sgd.stream) under jax.distributed ({jax.process_count()} "
-            "processes) is not supported (docs/out_of_core.md). Load each process's own rows instead, "
-            "numpyro_sgd.datasets.load_process_rows(path, mesh), which memory-maps the file and copies only "
-            "those rows.")
+def check_mesh(name, mesh, axis, potential, subsample, warmup_subsample):
+    """Raise a ValueError, before any compute, for a mesh the data-parallel step cannot use."""
     if axis not in mesh.axis_names:
         raise ValueError(f"{name}: the mesh has no axis {axis!r} (its axes: {mesh.axis_names}); pass "
                          f"mesh_axis= one of them.")
@@ -126,7 +119,7 @@ class DataParallelOracle(MinibatchOracle):
         def on_device(theta, idx, arrays):
             offset = lax.axis_index(self.axis) * rows
             # a streamed argument is the whole file on every process: each device reads its own block
-            args = blocks_of(rebuild(arrays), offset, rows, self.plate.size)
+            args = blocks_of(rebuild(arrays), offset, rows, self.plate.size, (self.axis,))
             return local_fn(theta, {self.plate.name: idx - offset}, *args)
 
         specs = (PartitionSpec(), PartitionSpec(self.axis), self._specs(arrays))
@@ -161,15 +154,8 @@ class DataParallelOracle(MinibatchOracle):
         return self._sharded(local, PartitionSpec(), theta, indices)
 
     def potential_and_grad(self, theta, indices):
-        # each device's gradient, then their average: one all-reduce of the D-vector and the value
-        # (taken inside the shard_map: JAX's transpose of a shard_map whose rows come from a host
-        # callback, streamed data, gave a wrong gradient, while the forward value was right)
-        def local(theta, idx, model_args, model_kwargs):
-            theta = lax.pcast(theta, (self.axis,), to="varying")
-            pe, grad = self.local.potential_and_grad(theta, idx, model_args, model_kwargs, self.params)
-            return lax.pmean(pe, self.axis), lax.pmean(grad, self.axis)
-
-        return self._sharded(local, (PartitionSpec(), PartitionSpec()), theta, indices)
+        # the gradient of the device average: one all-reduce of a D-vector in the backward pass
+        return jax.value_and_grad(self.potential_energy)(theta, indices)
 
     def per_example_grads(self, theta, indices):
         # The noise estimators take the scatter of the K = S/B rows (cluster rows) of a step about

@@ -183,7 +183,8 @@ StreamedRows.gather = lambda self, idx: (reads.append([int(np.min(idx)), int(np.
                                          or gather(self, idx))
 
 def draws(*data, **kw):
-    mcmc = MCMC(ConstantSGD(model, mesh=mesh), num_warmup=10, num_samples=40, progress_bar=False, **kw)
+    mcmc = MCMC(ConstantSGD(model, mesh=mesh, preconditioner="full"), num_warmup=10, num_samples=40,
+                progress_bar=False, **kw)
     mcmc.run(jax.random.key(0), *data)
     return np.asarray(mcmc.get_samples()["w"]).tolist()
 
@@ -199,7 +200,9 @@ print("RESULT" + json.dumps(dict(streamed=streamed, device=device, halves=halves
 def test_streamed_rows_under_a_mesh_read_each_devices_own_block(files):
     """``mesh=`` over 2 devices with memmapped data: each step's host reads (S/2 rows per device)
     lie in one half of the file, the device's own block, and the draws equal those of the same
-    data sharded over the devices as JAX arrays (same law, same arithmetic)."""
+    data sharded over the devices as JAX arrays (same law, same arithmetic). The full
+    preconditioner's warmup differentiates through the sharded potential twice (its Hessian):
+    with host-read rows typed as the same on every device, it came out wrong."""
     import json
     import os
     import subprocess
@@ -213,17 +216,6 @@ def test_streamed_rows_under_a_mesh_read_each_devices_own_block(files):
     r = json.loads(next(x for x in out.stdout.splitlines() if x.startswith("RESULT"))[len("RESULT"):])
     assert r["steps"] > 0 and r["halves"] == [[False, False], [True, True]], r["halves"]
     np.testing.assert_allclose(r["streamed"], r["device"], rtol=1e-5, atol=1e-6)
-
-
-def test_streamed_rows_under_jax_distributed_are_refused(files, monkeypatch):
-    """Several processes with streamed data are refused before any compute, naming the fix."""
-    from jax.sharding import Mesh
-
-    d, X, y = files
-    monkeypatch.setattr(jax, "process_count", lambda: 2)
-    mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
-    with pytest.raises(ValueError, match="load_process_rows"):
-        run(ConstantSGD(model, mesh=mesh), np.load(d / "X.npy", mmap_mode="r"), np.load(d / "y.npy", mmap_mode="r"))
 
 
 def test_a_plates_streamed_arrays_are_read_by_one_callback(files):
