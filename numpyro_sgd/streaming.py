@@ -67,7 +67,8 @@ def one_read_per_plate(indices, sizes, tree):
 
 
 def _read_together(arrays, idx):
-    """The rows ``idx`` of each of ``arrays`` (:class:`StreamedRows`), by one host callback."""
+    """The rows ``idx`` of each of ``arrays`` (:class:`StreamedRows`), by one host callback (the
+    one way a streamed array is read inside a program)."""
     specs = tuple(jax.ShapeDtypeStruct(idx.shape + a.shape[1:], a.dtype) for a in arrays)
     return jax.pure_callback(lambda i: tuple(a.gather(i) for a in arrays), specs, idx, vmap_method="expand_dims")
 
@@ -139,10 +140,6 @@ class StreamedRows:
         return (f"StreamedRows#{self._serial}(shape={self.shape}, dtype={self._source_dtype}, "
                 f"source={type(self.source).__name__})")
 
-    def read(self, start, stop):
-        """Rows ``start:stop`` as a NumPy array (on the host)."""
-        return np.asarray(self.source[start:stop], dtype=self.dtype)
-
     def gather(self, idx):
         """``source[idx]`` on the host, for an integer array ``idx`` of any shape."""
         idx = np.asarray(idx)
@@ -181,8 +178,7 @@ class StreamedRows:
             if read is not None and read[0] is rows and id(self) in read[1]:
                 out = read[1][id(self)]  # read with the plate's other arrays (one_read_per_plate)
             else:
-                out = jax.pure_callback(self.gather, jax.ShapeDtypeStruct(idx.shape + self.shape[1:], self.dtype),
-                                        idx, vmap_method="expand_dims")
+                (out,) = _read_together([self], idx)
             return out[(slice(None),) * idx.ndim + rest] if rest else out
         if isinstance(self.source, np.ndarray):
             view = self.source[key]
