@@ -26,6 +26,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import native
+from .native import row_contiguous
+
 __all__ = ["StreamedRows", "stream", "open_shards", "streamed_leaves", "streamed_sources", "check_memmaps",
            "one_read_per_plate"]
 
@@ -55,7 +58,7 @@ def one_read_per_plate(indices, sizes, tree):
     sources = streamed_sources(tree)
     reads = {}
     for name, idx in indices.items():
-        group = list({id(a): a for a in sources if a.shape[0] == sizes.get(name)}.values())
+        group = list({id(a): a for a in sources if a.shape[0] == sizes.get(name) and not a.native}.values())
         if len(group) > 1 and jnp.issubdtype(jnp.result_type(idx), jnp.integer):
             rows = _read_together(group, jnp.asarray(idx))
             reads[id(idx)] = (idx, {id(a): r for a, r in zip(group, rows)})
@@ -73,18 +76,6 @@ def _read_together(arrays, idx):
     return jax.pure_callback(lambda i: tuple(a.gather(i) for a in arrays), specs, idx, vmap_method="expand_dims")
 
 
-def _row_contiguous(array):
-    """Whether each row of the NumPy ``array`` is one contiguous run of bytes in C order."""
-    if array.ndim <= 1:
-        return True
-    expected = array.dtype.itemsize
-    for size, stride in zip(reversed(array.shape[1:]), reversed(array.strides[1:])):
-        if size > 1 and stride != expected:
-            return False
-        expected *= size
-    return True
-
-
 def _check_source(source, name):
     shape = getattr(source, "shape", None)
     dtype = getattr(source, "dtype", None)
@@ -98,7 +89,7 @@ def _check_source(source, name):
         raise ValueError(
             f"{name}: the file's dtype {dtype} is not a number type a JAX model can take (bool, integers, "
             "floats); convert it once, e.g. np.save(path, np.asarray(X, dtype=np.float32)), and pass the new file.")
-    if isinstance(source, np.ndarray) and not _row_contiguous(source):
+    if isinstance(source, np.ndarray) and not row_contiguous(source):
         order = "Fortran-order" if source.flags.f_contiguous else "non-contiguous"
         raise ValueError(
             f"{name}: the array is {order} (strides {source.strides} for shape {source.shape}): a row is not "
@@ -120,14 +111,25 @@ class StreamedRows:
     :param source: an object with ``shape``, ``dtype`` and NumPy-style row indexing (NumPy arrays
         and memmaps, :func:`open_shards`, zarr and h5py arrays), rows contiguous in C order.
     :param str name: what error messages call it.
+    :param str reader: ``"auto"`` (default): the rows of a NumPy source whose dtype JAX keeps are
+        read by the native reader (:mod:`~numpyro_sgd.native`, an XLA custom call) on the CPU, the
+        others by a host callback; ``"callback"``: always the host callback.
     """
 
-    def __init__(self, source, name="stream"):
+    def __init__(self, source, name="stream", reader="auto"):
+        if reader not in ("auto", "callback"):
+            raise ValueError(f"{name}: reader must be 'auto' or 'callback'; got {reader!r}.")
         self.shape, self._source_dtype = _check_source(source, name)
         self.source = source
         self.name = name
+        self.reader = reader
         self.dtype = jax.dtypes.canonicalize_dtype(self._source_dtype)
         self._serial = next(_SERIAL)
+
+    @property
+    def native(self):
+        """Whether a traced ``X[idx]`` is read by the native reader (:func:`native.can_read`)."""
+        return self.reader == "auto" and native.can_read(self.source, self.dtype)
 
     ndim = property(lambda self: len(self.shape))
     size = property(lambda self: int(np.prod(self.shape)))
@@ -177,13 +179,15 @@ class StreamedRows:
             read = (_PLATE_READS.get() or {}).get(id(rows))
             if read is not None and read[0] is rows and id(self) in read[1]:
                 out = read[1][id(self)]  # read with the plate's other arrays (one_read_per_plate)
+            elif self.native:
+                out = native.read_rows(self.source, idx, self.name)
             else:
                 (out,) = _read_together([self], idx)
             return out[(slice(None),) * idx.ndim + rest] if rest else out
         if isinstance(self.source, np.ndarray):
             view = self.source[key]
             if np.ndim(view) >= 1 and not isinstance(rows, (int, np.integer)):
-                return StreamedRows(view, self.name)
+                return StreamedRows(view, self.name, self.reader)
             return jnp.asarray(view)
         return jnp.asarray(np.asarray(self.source[key]))
 
@@ -303,10 +307,11 @@ def open_shards(directory, name=None):
     return StreamedRows(_Shards(paths, arrays), name)
 
 
-def stream(source, name=None):
+def stream(source, name=None, reader="auto"):
     """``source`` as a :class:`StreamedRows`: a memmap, any row-sliceable array (zarr, h5py, NumPy in
     host memory), a ``.npy`` path (memory-mapped) or a directory of ``.npy`` shards
-    (:func:`open_shards`). A :class:`StreamedRows` is returned as it is.
+    (:func:`open_shards`). A :class:`StreamedRows` is returned as it is. ``reader``: see
+    :class:`StreamedRows` (``"callback"`` turns the native reader off for this source).
 
     Pass the result as the model argument in place of the array; the model indexes it as before::
 
@@ -319,8 +324,8 @@ def stream(source, name=None):
         path = os.fspath(source)
         if os.path.isdir(path):
             return open_shards(path, name)
-        return StreamedRows(np.load(path, mmap_mode="r"), name or f"stream({path!r})")
-    return StreamedRows(source, name or "stream")
+        return StreamedRows(np.load(path, mmap_mode="r"), name or f"stream({path!r})", reader)
+    return StreamedRows(source, name or "stream", reader)
 
 
 def _wrap_memmap(array):

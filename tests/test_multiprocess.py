@@ -38,7 +38,8 @@ WORKER = textwrap.dedent(r"""
 
         gather = StreamedRows.gather
         StreamedRows.gather = lambda self, idx: read.append([int(np.min(idx)), int(np.max(idx)), int(np.size(idx))]) or gather(self, idx)
-        Xg, tg = stream(sys.argv[3] + "/X.npy"), stream(sys.argv[3] + "/t.npy")
+        # the host-callback reader, whose reads Python sees (the native reader's rows are the same)
+        Xg, tg = stream(sys.argv[3] + "/X.npy", reader="callback"), stream(sys.argv[3] + "/t.npy", reader="callback")
     else:
         Xg = jax.make_array_from_process_local_data(sharding, X[rows].astype(np.float32), (n, d))
         tg = jax.make_array_from_process_local_data(sharding, t[rows].astype(np.float32), (n,))

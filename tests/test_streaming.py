@@ -165,7 +165,7 @@ import json, sys
 import numpy as np, jax, jax.numpy as jnp, numpyro, numpyro.distributions as dist
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from numpyro.infer import MCMC
-from numpyro_sgd import ConstantSGD
+from numpyro_sgd import ConstantSGD, stream
 from numpyro_sgd.streaming import StreamedRows
 
 assert jax.device_count() == 2
@@ -188,19 +188,22 @@ def draws(*data, **kw):
     mcmc.run(jax.random.key(0), *data)
     return np.asarray(mcmc.get_samples()["w"]).tolist()
 
-streamed = draws(Xm, ym)
+streamed = draws(stream(Xm, reader="callback"), stream(ym, reader="callback"))  # reads Python sees
 step_reads = [r for r in reads if r[2] == s // 2]
+native = draws(Xm, ym)  # the native reader: the same rows by the same block arithmetic
 sh = NamedSharding(mesh, P("data"))
 device = draws(jax.device_put(jnp.asarray(Xm), sh), jax.device_put(jnp.asarray(ym), sh), jit_model_args=True)
 halves = sorted({(r[0] >= n // 2, r[1] >= n // 2) for r in step_reads})
-print("RESULT" + json.dumps(dict(streamed=streamed, device=device, halves=halves, steps=len(step_reads))))
+print("RESULT" + json.dumps(dict(streamed=streamed, native=native, device=device, halves=halves,
+                                 steps=len(step_reads))))
 """
 
 
 def test_streamed_rows_under_a_mesh_read_each_devices_own_block(files):
     """``mesh=`` over 2 devices with memmapped data: each step's host reads (S/2 rows per device)
     lie in one half of the file, the device's own block, and the draws equal those of the same
-    data sharded over the devices as JAX arrays (same law, same arithmetic). The full
+    data sharded over the devices as JAX arrays (same law, same arithmetic), with the host-callback
+    reader (whose reads are recorded) and the native one. The full
     preconditioner's warmup differentiates through the sharded potential twice (its Hessian):
     with host-read rows typed as the same on every device, it came out wrong."""
     import json
@@ -216,6 +219,7 @@ def test_streamed_rows_under_a_mesh_read_each_devices_own_block(files):
     r = json.loads(next(x for x in out.stdout.splitlines() if x.startswith("RESULT"))[len("RESULT"):])
     assert r["steps"] > 0 and r["halves"] == [[False, False], [True, True]], r["halves"]
     np.testing.assert_allclose(r["streamed"], r["device"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(r["native"], r["device"], rtol=1e-5, atol=1e-6)
 
 
 def test_a_plates_streamed_arrays_are_read_by_one_callback(files):
@@ -225,7 +229,7 @@ def test_a_plates_streamed_arrays_are_read_by_one_callback(files):
     from numpyro_sgd.potential import SubsampledPotential
 
     d, X, y = files
-    streamed = (stream(d / "X.npy"), stream(d / "y.npy"))
+    streamed = (stream(d / "X.npy", reader="callback"), stream(d / "y.npy", reader="callback"))
     pot = SubsampledPotential.from_model(model, streamed)
     theta, idx = jnp.array([0.3, -0.2, 0.1]), {"data": jnp.arange(0, N, N // S)}
     text = str(jax.make_jaxpr(lambda t, i: pot.potential_and_grad(t, i, streamed))(theta, idx))
@@ -233,6 +237,68 @@ def test_a_plates_streamed_arrays_are_read_by_one_callback(files):
     device = pot.potential_and_grad(theta, idx, (jnp.asarray(X), jnp.asarray(y)))
     np.testing.assert_allclose(np.asarray(jax.jit(lambda t: pot.potential_and_grad(t, idx, streamed)[1])(theta)),
                                np.asarray(device[1]), rtol=1e-5)
-    short = (stream(d / "X.npy"), stream(np.asarray(y)[: N // 2]))  # y not of the plate's length
+    short = (stream(d / "X.npy", reader="callback"), stream(np.asarray(y)[: N // 2], reader="callback"))  # y shorter
     text = str(jax.make_jaxpr(lambda t, i: pot.potential(t, i, short))(theta, {"data": jnp.arange(S)}))
     assert text.count("pure_callback") == 2, text
+
+
+def test_the_native_reader_reads_each_array_in_one_custom_call(files):
+    """On the CPU a NumPy source's rows are read by the native reader (an XLA custom call, no
+    Python): one call per array, none of them a host callback, with the rows and gradient of the
+    same potential on device arrays; under vmap (chains), for static views (a column, reversed
+    rows) too. A source whose dtype JAX changes (float64 without x64) is read by the callback,
+    which converts it (the tests run with x64: then float64 is read natively)."""
+    from numpyro_sgd import native
+    from numpyro_sgd.potential import SubsampledPotential
+
+    d, X, y = files
+    assert native.available()
+    streamed = (stream(d / "X.npy"), stream(d / "y.npy"))
+    assert all(s.native for s in streamed)
+    pot = SubsampledPotential.from_model(model, streamed)
+    theta, idx = jnp.array([0.3, -0.2, 0.1]), {"data": jnp.arange(0, N, N // S)}
+    text = str(jax.make_jaxpr(lambda t, i: pot.potential_and_grad(t, i, streamed))(theta, idx))
+    assert text.count("numpyro_sgd_row_gather") == 2 and "pure_callback" not in text, text
+    device = pot.potential_and_grad(theta, idx, (jnp.asarray(X), jnp.asarray(y)))
+    np.testing.assert_allclose(np.asarray(jax.jit(lambda t: pot.potential_and_grad(t, idx, streamed)[1])(theta)),
+                               np.asarray(device[1]), rtol=1e-5)
+    rows = jnp.array([[3, 4, 5, N - 1], [0, 7, 6, 2]])
+    Xs = streamed[0]
+    np.testing.assert_array_equal(np.asarray(jax.jit(jax.vmap(lambda i: Xs[i]))(rows)), X[np.asarray(rows)])
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda i: Xs[:, 1][i])(rows)), X[np.asarray(rows), 1])
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda i: Xs[::-1][i])(rows)), X[::-1][np.asarray(rows)])
+    wide = stream(X.astype(np.float64))
+    kept = jax.config.jax_enable_x64  # the tests run with x64 (conftest); without it float64 becomes float32
+    assert wide.native == kept and ("pure_callback" in str(jax.make_jaxpr(lambda i: wide[i])(rows[0]))) != kept
+    np.testing.assert_allclose(np.asarray(jax.jit(lambda i: wide[i])(rows[0])), X[np.asarray(rows[0])])
+
+
+def test_a_row_past_the_data_is_an_error_naming_the_array(files):
+    """The native reader checks every row it copies: a row past the data is a runtime error with
+    the array's name and the words the plate check reads, never a read outside the file."""
+    d, X, y = files
+    Xs = stream(d / "X.npy", name="X")
+    with pytest.raises(Exception, match=f"X: row {N} asked of data with {N} rows"):
+        jax.block_until_ready(jax.jit(lambda i: Xs[i])(jnp.array([1, N])))
+    with pytest.raises(Exception, match="X: row -1 asked of data with"):
+        jax.block_until_ready(jax.jit(lambda i: Xs[i])(jnp.array([-1, 2])))
+
+
+def test_without_a_compiler_the_callback_reads_with_one_warning(files, tmp_path, monkeypatch):
+    """Where the native reader cannot be built (here: no compiler), streamed rows are read by the
+    host callback, with one warning naming the cause and the fix; the draws are the same."""
+    from numpyro_sgd import native
+
+    d, X, y = files
+    monkeypatch.setattr(native, "_state", {})
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    with pytest.warns(UserWarning, match="native row reader could not be built .*Install a C\\+\\+17 compiler"):
+        assert not native.available()
+    Xs, ys = stream(d / "X.npy"), stream(d / "y.npy")
+    assert not Xs.native
+    fallback = run(ConstantSGD(model), Xs, ys).get_samples()["w"]
+    monkeypatch.setattr(native, "_state", {"ok": True})  # the reader built in this process before
+    assert Xs.native
+    np.testing.assert_allclose(np.asarray(fallback), np.asarray(run(ConstantSGD(model), Xs, ys).get_samples()["w"]),
+                               rtol=1e-5, atol=1e-6)
