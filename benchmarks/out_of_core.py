@@ -184,20 +184,25 @@ def marginal_pass(data, jit_args, repeats=3):
     return (float(np.median(seconds[6])) - float(np.median(seconds[3]))) / 3
 
 
-def hand_written_pass(X, y, cluster_size, streamed, repeats=3):
+def hand_written_pass(X, y, cluster_size, reader, repeats=3):
     """Seconds per data pass of a hand-written ``lax.scan`` loop doing what ConstantSGD-full's
     sampling step does at its core (S = 10,000 rows in clusters of ``cluster_size``, the logistic
-    gradient, θ ← θ − ε ∇): its rows gathered by XLA from JAX arrays in device memory, or
-    (``streamed``) by one host callback that reads X's rows and y's (``np.take`` of each memmap),
-    as the kernel does (:func:`numpyro_sgd.streaming.one_read_per_plate`)."""
+    gradient, θ ← θ − ε ∇), its rows read by ``reader``: ``"device"``, gathered by XLA from JAX
+    arrays in device memory; ``"callback"``, one host callback that reads X's rows and y's
+    (``np.take`` of each memmap), as the kernel's callback reader does
+    (:func:`numpyro_sgd.streaming.one_read_per_plate`); ``"native"``, the kernel's native reader
+    (:func:`numpyro_sgd.native.read_rows`, one custom call per array)."""
+    from numpyro_sgd import native
     from numpyro_sgd.indices import cluster_indices
 
     n, d, s = X.shape[0], X.shape[1], 10_000
-    Xd, yd = (None, None) if streamed else (jnp.asarray(X), jnp.asarray(y))
+    Xd, yd = (jnp.asarray(X), jnp.asarray(y)) if reader == "device" else (None, None)
 
     def rows(idx):
-        if not streamed:
+        if reader == "device":
             return Xd[idx], yd[idx]
+        if reader == "native":
+            return native.read_rows(X, idx, "X"), native.read_rows(y, idx, "y")
         specs = (jax.ShapeDtypeStruct((s, d), jnp.float32), jax.ShapeDtypeStruct((s,), jnp.float32))
         return jax.pure_callback(lambda i: (np.take(X, i, axis=0), np.take(y, i)), specs, idx)
 
@@ -217,10 +222,12 @@ def hand_written_pass(X, y, cluster_size, streamed, repeats=3):
 
 
 def breakdown(X, y, read_s):
-    """Where a streamed pass's time goes: the marginal pass of the same kernel on the memmaps and on
-    JAX arrays in device memory, the same two against a hand-written loop (:func:`hand_written_pass`),
-    an empty host callback in a compiled loop, and the host gathers (``StreamedRows.gather``, timed
-    inside the streamed runs: seconds per call, per array)."""
+    """Where a streamed pass's time goes: the marginal pass of the same kernel on the memmaps read
+    by the native reader (the default) and by the host callback (``stream(X, reader="callback")``),
+    and on JAX arrays in device memory; the same three against a hand-written loop
+    (:func:`hand_written_pass`); an empty host callback in a compiled loop; and the host gathers
+    of the callback runs (``StreamedRows.gather``, timed inside them: seconds per call, per array)."""
+    from numpyro_sgd.indices import choose_cluster_size
     from numpyro_sgd.streaming import StreamedRows
 
     timed_gather, spent = StreamedRows.gather, {}
@@ -232,12 +239,13 @@ def breakdown(X, y, read_s):
         spent[self.ndim] = (total + time.perf_counter() - start, calls + 1)
         return out
 
+    kernel = {"native": marginal_pass((X, y), False)}
     StreamedRows.gather = gather
     try:
-        streamed = marginal_pass((X, y), False)
+        kernel["callback"] = marginal_pass((stream(X, reader="callback"), stream(y, reader="callback")), False)
     finally:
         StreamedRows.gather = timed_gather
-    device = marginal_pass((jnp.asarray(X), jnp.asarray(y)), True)
+    kernel["device"] = marginal_pass((jnp.asarray(X), jnp.asarray(y)), True)
     steps = X.shape[0] // 10_000
     loop = jax.jit(lambda k: jax.lax.scan(lambda c, i: (c + jax.pure_callback(
         lambda j: np.float32(0), jax.ShapeDtypeStruct((), jnp.float32), i), None), 0.0,
@@ -247,18 +255,16 @@ def breakdown(X, y, read_s):
     loop(jax.random.key(1)).block_until_ready()
     callback = (time.perf_counter() - start) / 5_000
     per_call = {ndim: total / calls for ndim, (total, calls) in spent.items()}
-    from numpyro_sgd.indices import choose_cluster_size
-
     b = choose_cluster_size(X.shape[0], 10_000, X.shape[1], X.shape[1] * X.itemsize + y.itemsize)
-    hand = {mode: hand_written_pass(X, y, b, mode) for mode in (False, True)}
-    print(f"hand-written lax.scan loop, the same step's core (B = {b}): {hand[True]:.2f} s a pass with the rows "
-          f"read by one host callback ({hand[True] / read_s:.2f}× one read), {hand[False]:.2f} s with them in "
-          f"device memory ({hand[False] / read_s:.2f}× one read). The kernel against it: streamed "
-          f"{streamed / hand[True]:.2f}×, device {device / hand[False]:.2f}×.", flush=True)
-    print(f"breakdown, ConstantSGD-full, S = 10,000 ({steps:,} steps a pass): a sampling pass costs {streamed:.2f} s "
-          f"streamed from the memmaps ({streamed / read_s:.2f}× one read) and {device:.2f} s on JAX arrays in "
-          f"device memory ({device / read_s:.2f}× one read), {1e6 * (streamed - device) / steps:.0f} µs more a step. "
-          f"An empty host callback in a compiled loop: {1e6 * callback:.0f} µs; a host gather in those runs: "
+    hand = {reader: hand_written_pass(X, y, b, reader) for reader in ("native", "callback", "device")}
+    for reader, what in (("native", "read by the native reader (one custom call per array)"),
+                         ("callback", "read by one host callback"), ("device", "in device memory")):
+        print(f"{reader:>8}: the rows {what}: ConstantSGD-full, S = 10,000 ({steps:,} steps), {kernel[reader]:.3f} s "
+              f"a sampling pass ({kernel[reader] / read_s:.2f}× one read); a hand-written lax.scan loop of the same "
+              f"step's core (B = {b}), {hand[reader]:.3f} s ({hand[reader] / read_s:.2f}× one read); the kernel "
+              f"against the loop {kernel[reader] / hand[reader]:.2f}×", flush=True)
+    print(f"the callback reader costs {1e6 * (kernel['callback'] - kernel['native']) / steps:.0f} µs more a step than "
+          f"the native one: an empty host callback in a compiled loop {1e6 * callback:.0f} µs, and its host gathers "
           f"{1e6 * per_call.get(2, float('nan')):.0f} µs for X's rows and {1e6 * per_call.get(1, float('nan')):.0f} µs "
           "for y's (both in one callback a step).", flush=True)
 

@@ -4,9 +4,10 @@ row-sliceable array, gathered on the host for each minibatch.
 A NumPy memmap (``np.load(path, mmap_mode="r")``) passed as a model argument is wrapped in a
 :class:`StreamedRows` by the kernel; :func:`stream` wraps one by hand (a shard directory, a zarr
 or HDF5 array, or an in-memory NumPy array that should not be copied to the device). The model is
-unchanged: under the subsample plate it indexes ``X[idx]``, and that index becomes one host
-callback (:func:`jax.pure_callback`) that reads the minibatch's rows and hands them to the
-compiled step. With the cluster law (:func:`~numpyro_sgd.indices.cluster_indices`) those rows
+unchanged: under the subsample plate it indexes ``X[idx]``, and that index becomes a read of the
+minibatch's rows into the compiled step: on the CPU, for a NumPy source (memmap or in-memory),
+one XLA custom call per array (:mod:`~numpyro_sgd.native`, no Python on the way); otherwise one
+host callback (:func:`jax.pure_callback`) for the plate's arrays. With the cluster law (:func:`~numpyro_sgd.indices.cluster_indices`) those rows
 are a few runs of consecutive rows, which is what a page cache or a disk serves fastest. The
 full-data passes (the data check at init, the control-variate centre, ``loo_subsample`` and the
 log-likelihood in blocks) index the same way, block by block, so no program ever holds all N
@@ -101,9 +102,9 @@ def _check_source(source, name):
 class StreamedRows:
     """An (N, ...) array whose rows are read from ``source`` on the host when a traced index asks.
 
-    ``X[idx]`` with a traced (or JAX) integer ``idx`` is one :func:`jax.pure_callback` returning
-    ``source[idx]`` as an array of ``idx.shape + X.shape[1:]`` (a ``vmap`` over chains gathers all
-    chains' rows in one call); further indices in the same subscript (``X[idx, 0]``) apply to that
+    ``X[idx]`` with a traced (or JAX) integer ``idx`` is ``source[idx]`` as an array of
+    ``idx.shape + X.shape[1:]``, read by the native reader (:func:`~numpyro_sgd.native.read_rows`)
+    or one :func:`jax.pure_callback` (a ``vmap`` over chains gathers all chains' rows in one call); further indices in the same subscript (``X[idx, 0]``) apply to that
     block. A static subscript (``X[:, 0]``, ``X[10:20]``) of a NumPy source is again streamed (a
     view, nothing is read); of another source it is read. Anything that would need every row at
     once (``jnp.asarray(X)``, ``X @ w``) raises: index the rows first.

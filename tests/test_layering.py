@@ -21,7 +21,9 @@ PACKAGE = pathlib.Path(numpyro_sgd.__file__).parent
 LAYERS = [
     # leaves: no package imports
     {"validation", "noise", "theory", "schedules", "diffusions", "index_chain", "arviz_compat", "datasets",
-     "protocol", "streaming", "replay", "programs", "progress"},
+     "protocol", "native", "replay", "programs", "progress"},
+    # data read in place (uses the native row reader)
+    {"streaming"},
     # the model's arguments as the kernels see them (array leaves, streamed rows, tracers)
     {"model_args", "basis"},
     # how minibatch rows are drawn: index draws and the minibatch-law policy
