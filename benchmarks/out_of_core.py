@@ -196,27 +196,27 @@ def hand_written_pass(X, y, cluster_size, reader, repeats=3):
     from numpyro_sgd.indices import cluster_indices
 
     n, d, s = X.shape[0], X.shape[1], 10_000
-    Xd, yd = (jnp.asarray(X), jnp.asarray(y)) if reader == "device" else (None, None)
+    data = (jnp.asarray(X), jnp.asarray(y)) if reader == "device" else ()  # arguments, not XLA constants
 
-    def rows(idx):
+    def rows(idx, data):
         if reader == "device":
-            return Xd[idx], yd[idx]
+            return data[0][idx], data[1][idx]
         if reader == "native":
             return native.read_rows(X, idx, "X"), native.read_rows(y, idx, "y")
         specs = (jax.ShapeDtypeStruct((s, d), jnp.float32), jax.ShapeDtypeStruct((s,), jnp.float32))
         return jax.pure_callback(lambda i: (np.take(X, i, axis=0), np.take(y, i)), specs, idx)
 
-    def step(w, key):
-        Xb, yb = rows(cluster_indices(key, s, n, cluster_size))
+    def step(w, key, data):
+        Xb, yb = rows(cluster_indices(key, s, n, cluster_size), data)
         return w - 1e-7 * (n / s) * (Xb.T @ (jax.nn.sigmoid(Xb @ w) - yb)), None
 
-    loop = jax.jit(lambda w, keys: jax.lax.scan(step, w, keys)[0])
+    loop = jax.jit(lambda w, keys, data: jax.lax.scan(lambda w, k: step(w, k, data), w, keys)[0])
     keys = jax.random.split(jax.random.key(0), n // s)
-    loop(jnp.zeros(d), keys).block_until_ready()
+    loop(jnp.zeros(d), keys, data).block_until_ready()
     seconds = []
     for _ in range(repeats):
         start = time.perf_counter()
-        loop(jnp.zeros(d), keys).block_until_ready()
+        loop(jnp.zeros(d), keys, data).block_until_ready()
         seconds.append(time.perf_counter() - start)
     return float(np.median(seconds))
 
@@ -230,6 +230,8 @@ def breakdown(X, y, read_s):
     from numpyro_sgd.indices import choose_cluster_size
     from numpyro_sgd.streaming import StreamedRows
 
+    b = choose_cluster_size(X.shape[0], 10_000, X.shape[1], X.shape[1] * X.itemsize + y.itemsize)
+    hand = {reader: hand_written_pass(X, y, b, reader) for reader in ("native", "callback", "device")}
     timed_gather, spent = StreamedRows.gather, {}
 
     def gather(self, idx):
@@ -255,8 +257,6 @@ def breakdown(X, y, read_s):
     loop(jax.random.key(1)).block_until_ready()
     callback = (time.perf_counter() - start) / 5_000
     per_call = {ndim: total / calls for ndim, (total, calls) in spent.items()}
-    b = choose_cluster_size(X.shape[0], 10_000, X.shape[1], X.shape[1] * X.itemsize + y.itemsize)
-    hand = {reader: hand_written_pass(X, y, b, reader) for reader in ("native", "callback", "device")}
     for reader, what in (("native", "read by the native reader (one custom call per array)"),
                          ("callback", "read by one host callback"), ("device", "in device memory")):
         print(f"{reader:>8}: the rows {what}: ConstantSGD-full, S = 10,000 ({steps:,} steps), {kernel[reader]:.3f} s "

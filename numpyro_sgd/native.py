@@ -133,6 +133,9 @@ def read_rows(array, idx, name):
     of the program: the caller keeps ``array`` alive as long as the program (a
     :class:`~numpyro_sgd.streaming.StreamedRows` holds its source). A row outside the array is a
     runtime error naming it (the words of ``streaming.PAST_THE_DATA``)."""
+    if not available():
+        raise RuntimeError(f"{name}: the native row reader is not built ({_state['why']}); read the rows with "
+                           "StreamedRows(..., reader='callback').")
     idx = jnp.asarray(idx)
     if idx.dtype not in (jnp.int32, jnp.int64):
         idx = idx.astype(jnp.int32)
