@@ -7,11 +7,12 @@ or HDF5 array, or an in-memory NumPy array that should not be copied to the devi
 unchanged: under the subsample plate it indexes ``X[idx]``, and that index becomes a read of the
 minibatch's rows into the compiled step: on the CPU, for a NumPy source (memmap or in-memory),
 one XLA custom call per array (:mod:`~numpyro_sgd.native`, no Python on the way); otherwise one
-host callback (:func:`jax.pure_callback`) for the plate's arrays. With the cluster law (:func:`~numpyro_sgd.indices.cluster_indices`) those rows
-are a few runs of consecutive rows, which is what a page cache or a disk serves fastest. The
-full-data passes (the data check at init, the control-variate centre, ``loo_subsample`` and the
-log-likelihood in blocks) index the same way, block by block, so no program ever holds all N
-rows: memory is O(minibatch) on the device and O(page cache) on the host.
+host callback (:func:`jax.pure_callback`) for the plate's arrays. With the cluster law
+(:func:`~numpyro_sgd.indices.cluster_indices`) those rows are a few runs of consecutive rows,
+which is what a page cache or a disk serves fastest. The full-data passes (the data check at
+init, the control-variate centre, ``loo_subsample`` and the log-likelihood in blocks) index the
+same way, block by block, so no program ever holds all N rows: memory is O(minibatch) on the
+device and O(page cache) on the host.
 
 A :class:`StreamedRows` is a JAX pytree with no leaves, so it passes through ``jax.jit``,
 ``MCMC(..., jit_model_args=True)`` and ``vmap`` as a static value and is never converted to an
@@ -104,10 +105,11 @@ class StreamedRows:
 
     ``X[idx]`` with a traced (or JAX) integer ``idx`` is ``source[idx]`` as an array of
     ``idx.shape + X.shape[1:]``, read by the native reader (:func:`~numpyro_sgd.native.read_rows`)
-    or one :func:`jax.pure_callback` (a ``vmap`` over chains gathers all chains' rows in one call); further indices in the same subscript (``X[idx, 0]``) apply to that
-    block. A static subscript (``X[:, 0]``, ``X[10:20]``) of a NumPy source is again streamed (a
-    view, nothing is read); of another source it is read. Anything that would need every row at
-    once (``jnp.asarray(X)``, ``X @ w``) raises: index the rows first.
+    or one :func:`jax.pure_callback` (a ``vmap`` over chains gathers all chains' rows in one
+    call); further indices in the same subscript (``X[idx, 0]``) apply to that block. A static
+    subscript (``X[:, 0]``, ``X[10:20]``) of a NumPy source is again streamed (a view, nothing is
+    read); of another source it is read. Anything that would need every row at once
+    (``jnp.asarray(X)``, ``X @ w``) raises: index the rows first.
 
     :param source: an object with ``shape``, ``dtype`` and NumPy-style row indexing (NumPy arrays
         and memmaps, :func:`open_shards`, zarr and h5py arrays), rows contiguous in C order.
