@@ -5,6 +5,9 @@ reads are the same rows, gathered on the host instead of by XLA), read nothing w
 before any compute what it cannot read in place, naming the argument and the fix.
 """
 
+import os
+import shutil
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -252,7 +255,9 @@ def test_the_native_reader_reads_each_array_in_one_custom_call(files):
     from numpyro_sgd.potential import SubsampledPotential
 
     d, X, y = files
-    assert native.available()
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        pytest.skip("no C++ compiler on this machine: the native reader cannot be built")
+    assert native.available(), native._state
     streamed = (stream(d / "X.npy"), stream(d / "y.npy"))
     assert all(s.native for s in streamed)
     pot = SubsampledPotential.from_model(model, streamed)
@@ -278,6 +283,8 @@ def test_a_row_past_the_data_is_an_error_naming_the_array(files):
     the array's name and the words the plate check reads, never a read outside the file."""
     d, X, y = files
     Xs = stream(d / "X.npy", name="X")
+    if not Xs.native:
+        pytest.skip("no native reader on this machine (no C++ compiler)")
     with pytest.raises(Exception, match=f"X: row {N} asked of data with {N} rows"):
         jax.block_until_ready(jax.jit(lambda i: Xs[i])(jnp.array([1, N])))
     with pytest.raises(Exception, match="X: row -1 asked of data with"):
@@ -298,7 +305,8 @@ def test_without_a_compiler_the_callback_reads_with_one_warning(files, tmp_path,
     Xs, ys = stream(d / "X.npy"), stream(d / "y.npy")
     assert not Xs.native
     fallback = run(ConstantSGD(model), Xs, ys).get_samples()["w"]
-    monkeypatch.setattr(native, "_state", {"ok": True})  # the reader built in this process before
-    assert Xs.native
+    monkeypatch.undo()  # this process's reader (or none yet), the real cache and compiler
+    if not Xs.native:
+        pytest.skip("no native reader on this machine (no C++ compiler) to compare with")
     np.testing.assert_allclose(np.asarray(fallback), np.asarray(run(ConstantSGD(model), Xs, ys).get_samples()["w"]),
                                rtol=1e-5, atol=1e-6)
