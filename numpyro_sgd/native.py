@@ -5,19 +5,19 @@ custom call (``row_gather.cc``), with no Python on the way.
 A :func:`jax.pure_callback` costs a fixed ~35 µs a call on a 2-core CPU, and its rows are copied
 twice (from the page cache into a NumPy array, then into the step's buffer). The custom call
 copies each run of consecutive rows (a cluster of the cluster law) once, by ``memcpy``, on XLA's
-own thread. On N = 2·10⁷, D = 20 float32 rows from the page cache, a hand-written ``lax.scan``
-loop of S = 10,000 steps took 0.32 s a data pass with it (1.35× one sequential NumPy read of the
-file) against 0.57 s with the rows read by one host callback a step (2.34×)
-(``docs/results/out_of_core.md``).
+own thread. On N = 2·10⁷, D = 20 float32 rows from the page cache, with S = 10,000 rows a step,
+a ConstantSGD-full sampling pass took 0.33 s with it (1.30× one sequential NumPy read of the
+file) against 0.68 s with the rows read by one host callback a step (2.68×) and 0.28 s on JAX
+arrays in device memory (``docs/results/out_of_core.md``).
 
-The handler is compiled on first use, with the C++ compiler ``$CXX`` (default ``c++``) and
-the XLA FFI headers that jaxlib ships (:func:`jax.ffi.include_dir`), into
+The handler is compiled on first use, with the C++ compiler ``$CXX`` (default ``c++``) and the
+XLA FFI headers that jaxlib ships (:func:`jax.ffi.include_dir`), into
 ``$XDG_CACHE_HOME/numpyro_sgd`` (default ``~/.cache/numpyro_sgd``), keyed by the source, jaxlib's
 version and the platform; then loaded and registered for the CPU. Where it cannot be built (no
-compiler, no :mod:`jax.ffi`) or the program runs on an accelerator, streamed rows are read by a
-host callback as before, with one warning that says why. It reads only arrays whose rows are
-one contiguous run of bytes and whose dtype JAX keeps as it is (e.g. not float64 without
-``jax_enable_x64``): the others are read by the callback, which converts them.
+compiler, no :mod:`jax.ffi`), streamed rows are read by a host callback as before, with one
+warning that says why; on an accelerator (not the CPU) too, without a warning. It reads only
+arrays whose rows are one contiguous run of bytes and whose dtype JAX keeps as it is (e.g. not
+float64 without ``jax_enable_x64``): the others are read by the callback, which converts them.
 """
 
 from __future__ import annotations
