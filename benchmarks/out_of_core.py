@@ -202,7 +202,7 @@ def hand_written_pass(X, y, cluster_size, reader, repeats=3):
         if reader == "device":
             return data[0][idx], data[1][idx]
         if reader == "native":
-            return native.read_rows(X, idx, "X"), native.read_rows(y, idx, "y")
+            return native.read_rows([X], idx, "X"), native.read_rows([y], idx, "y")
         specs = (jax.ShapeDtypeStruct((s, d), jnp.float32), jax.ShapeDtypeStruct((s,), jnp.float32))
         return jax.pure_callback(lambda i: (np.take(X, i, axis=0), np.take(y, i)), specs, idx)
 

@@ -1,6 +1,7 @@
-"""The native row reader: a minibatch's rows copied from a host NumPy array (a memmap, or an
-in-memory array passed through :func:`~numpyro_sgd.stream`) into the compiled step by an XLA FFI
-custom call (``row_gather.cc``), with no Python on the way.
+"""The native row reader: a minibatch's rows copied from host NumPy arrays (a memmap, the memmaps
+of a directory of ``.npy`` shards, or an in-memory array passed through
+:func:`~numpyro_sgd.stream`) into the compiled step by an XLA FFI custom call
+(``row_gather.cc``), with no Python on the way.
 
 A :func:`jax.pure_callback` costs a fixed ~35 µs a call on a 2-core CPU, and its rows are copied
 twice (from the page cache into a NumPy array, then into the step's buffer). The custom call
@@ -104,15 +105,20 @@ def available():
     return _state["ok"]
 
 
-def can_read(array, dtype):
-    """Whether the native reader can serve the NumPy ``array``'s rows as ``dtype`` (the dtype
-    JAX gives them): rows of the array are contiguous runs of bytes, the dtypes agree, programs
-    run on the CPU and the reader is built."""
-    if not isinstance(array, np.ndarray) or array.ndim == 0 or array.shape[0] == 0:
+def can_read(parts, dtype):
+    """Whether the native reader can serve the rows of ``parts`` (NumPy arrays stacked by rows:
+    one array, or the memmaps of a shard directory) as ``dtype`` (the dtype JAX gives them): each
+    row is one contiguous run of bytes, the parts agree in dtype, row shape and row stride, the
+    dtype is ``dtype``, programs run on the CPU and the reader is built."""
+    if not parts or not all(isinstance(p, np.ndarray) and p.ndim > 0 for p in parts):
         return False
-    if np.dtype(dtype) != array.dtype or jax.default_backend() != "cpu":
+    first = parts[0]
+    if any(p.dtype != first.dtype or p.shape[1:] != first.shape[1:] or p.strides[0] != first.strides[0]
+           for p in parts):
         return False
-    return row_contiguous(array) and available()
+    if np.dtype(dtype) != first.dtype or sum(p.shape[0] for p in parts) == 0 or jax.default_backend() != "cpu":
+        return False
+    return all(row_contiguous(p) for p in parts) and available()
 
 
 def row_contiguous(array):
@@ -127,20 +133,23 @@ def row_contiguous(array):
     return True
 
 
-def read_rows(array, idx, name):
-    """The rows ``array[idx]`` (``idx`` traced integers of any shape) read by the native reader,
-    as a JAX array of ``idx.shape + array.shape[1:]``. The array's address is a static attribute
-    of the program: the caller keeps ``array`` alive as long as the program (a
-    :class:`~numpyro_sgd.streaming.StreamedRows` holds its source). A row outside the array is a
-    runtime error naming it (the words of ``streaming.PAST_THE_DATA``)."""
+def read_rows(parts, idx, name):
+    """The rows ``idx`` (traced integers of any shape) of ``parts`` stacked by rows (see
+    :func:`can_read`), read by the native reader, as a JAX array of ``idx.shape`` + the row
+    shape. The parts' addresses are static attributes of the program: the caller keeps ``parts``
+    alive as long as the program (a :class:`~numpyro_sgd.streaming.StreamedRows` holds its
+    source). A row outside the data is a runtime error naming it (the words of
+    ``streaming.PAST_THE_DATA``)."""
     if not available():
         raise RuntimeError(f"{name}: the native row reader is not built ({_state['why']}); read the rows with "
                            "StreamedRows(..., reader='callback').")
     idx = jnp.asarray(idx)
     if idx.dtype not in (jnp.int32, jnp.int64):
         idx = idx.astype(jnp.int32)
-    row_bytes = array.dtype.itemsize * int(np.prod(array.shape[1:], dtype=np.int64))
-    call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct(idx.shape + array.shape[1:], array.dtype),
+    first = parts[0]
+    row_bytes = first.dtype.itemsize * int(np.prod(first.shape[1:], dtype=np.int64))
+    call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct(idx.shape + first.shape[1:], first.dtype),
                             vmap_method="broadcast_all")
-    return call(idx, base=np.uint64(array.ctypes.data), stride=np.int64(array.strides[0]),
-                row_bytes=np.int64(row_bytes), rows=np.int64(array.shape[0]), name=str(name))
+    return call(idx, bases=np.array([p.ctypes.data for p in parts], dtype=np.uint64),
+                offsets=np.cumsum([0] + [p.shape[0] for p in parts], dtype=np.int64),
+                stride=np.int64(first.strides[0]), row_bytes=np.int64(row_bytes), name=str(name))

@@ -1,12 +1,16 @@
 // numpyro_sgd's native row reader: an XLA FFI handler that copies the rows a minibatch asks for
-// from a host array (a NumPy memmap or an in-memory NumPy array) straight into the compiled step's
+// from host arrays (NumPy memmaps, or in-memory NumPy arrays) straight into the compiled step's
 // buffer, with no Python on the way. Built and loaded by numpyro_sgd/native.py on first use.
 //
-// Inputs: the row indices (int32 or int64, any shape). Result: the rows, in index order.
-// Attributes: the array's address (base), the byte step between rows (stride, may be negative
-// for a reversed view), the bytes of one row (row_bytes, contiguous), the number of rows and the
-// array's name for the error message. Runs of consecutive indices (the cluster law's clusters)
-// are copied by one memcpy each when rows are packed (stride == row_bytes).
+// The rows are those of one array, or of several stacked by rows (a directory of .npy shards):
+// part k holds rows offsets[k] .. offsets[k+1] - 1 and starts at address bases[k].
+// Input: the row indices (int32 or int64, any shape). Result: the rows, in index order.
+// Attributes: bases (one address per part), offsets (the parts' first rows, then the number of
+// rows), stride (bytes from a row to the next within a part; negative for a reversed view),
+// row_bytes (the bytes of one row, contiguous) and the array's name for error messages. A run of
+// consecutive indices (a cluster of the cluster law) is copied by one memcpy per part it spans
+// when rows are packed (stride == row_bytes).
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -18,42 +22,72 @@ namespace ffi = xla::ffi;
 
 namespace {
 
+struct Rows {
+  ffi::Span<const uint64_t> bases;
+  ffi::Span<const int64_t> offsets;
+  int64_t stride;
+  int64_t row_bytes;
+  std::string_view name;
+
+  int64_t count() const { return offsets[offsets.size() - 1]; }
+
+  // Copies rows first .. first + n - 1 (all inside the data) to dst.
+  void copy(int64_t first, int64_t n, uint8_t* dst) const {
+    while (n > 0) {
+      // the part holding row `first`: the last k with offsets[k] <= first
+      const int64_t k = std::upper_bound(offsets.begin(), offsets.end() - 1, first) - offsets.begin() - 1;
+      const int64_t take = std::min(n, offsets[k + 1] - first);
+      const auto* src = reinterpret_cast<const uint8_t*>(static_cast<uintptr_t>(bases[k])) +
+                        (first - offsets[k]) * stride;
+      if (stride == row_bytes) {
+        std::memcpy(dst, src, static_cast<size_t>(take * row_bytes));
+      } else {
+        for (int64_t r = 0; r < take; ++r) std::memcpy(dst + r * row_bytes, src + r * stride, row_bytes);
+      }
+      dst += take * row_bytes;
+      first += take;
+      n -= take;
+    }
+  }
+};
+
 template <typename Index>
-ffi::Error CopyRows(const Index* idx, int64_t n, uint8_t* dst, const uint8_t* base, int64_t stride,
-                    int64_t row_bytes, int64_t rows, std::string_view name) {
+ffi::Error Gather(const Index* idx, int64_t n, uint8_t* dst, const Rows& rows) {
+  const int64_t count = rows.count();
   int64_t i = 0;
   while (i < n) {
     const int64_t start = static_cast<int64_t>(idx[i]);
     int64_t j = i + 1;
-    if (stride == row_bytes) {
-      while (j < n && static_cast<int64_t>(idx[j]) == static_cast<int64_t>(idx[j - 1]) + 1) ++j;
-    }
-    if (start < 0 || start + (j - i) > rows) {
-      const int64_t bad = start < 0 ? start : start + (j - i) - 1;
+    while (j < n && static_cast<int64_t>(idx[j]) == static_cast<int64_t>(idx[j - 1]) + 1) ++j;
+    if (start < 0 || start + (j - i) > count) {
+      const int64_t bad = start < 0 ? start : std::max(start, count);
       // the words numpyro_sgd's plate check looks for (streaming.PAST_THE_DATA)
-      return ffi::Error::InvalidArgument(std::string(name) + ": row " + std::to_string(bad) +
-                                         " asked of data with " + std::to_string(rows) +
+      return ffi::Error::InvalidArgument(std::string(rows.name) + ": row " + std::to_string(bad) +
+                                         " asked of data with " + std::to_string(count) +
                                          " rows (a plate larger than the data)");
     }
-    std::memcpy(dst + i * row_bytes, base + start * stride, static_cast<size_t>((j - i) * row_bytes));
+    rows.copy(start, j - i, dst + i * rows.row_bytes);
     i = j;
   }
   return ffi::Error::Success();
 }
 
-ffi::Error RowGather(ffi::AnyBuffer idx, ffi::Result<ffi::AnyBuffer> out, uint64_t base, int64_t stride,
-                     int64_t row_bytes, int64_t rows, std::string_view name) {
+ffi::Error RowGather(ffi::AnyBuffer idx, ffi::Result<ffi::AnyBuffer> out, ffi::Span<const uint64_t> bases,
+                     ffi::Span<const int64_t> offsets, int64_t stride, int64_t row_bytes, std::string_view name) {
+  const Rows rows{bases, offsets, stride, row_bytes, name};
+  if (bases.size() == 0 || offsets.size() != bases.size() + 1) {
+    return ffi::Error::InvalidArgument(std::string(name) + ": one offset per part and the row count are needed");
+  }
   const int64_t n = static_cast<int64_t>(idx.element_count());
   if (out->size_bytes() != static_cast<size_t>(n * row_bytes)) {
     return ffi::Error::InvalidArgument(std::string(name) + ": the result buffer does not hold the rows asked");
   }
   auto* dst = static_cast<uint8_t*>(out->untyped_data());
-  const auto* src = reinterpret_cast<const uint8_t*>(static_cast<uintptr_t>(base));
   switch (idx.element_type()) {
     case ffi::DataType::S32:
-      return CopyRows(static_cast<const int32_t*>(idx.untyped_data()), n, dst, src, stride, row_bytes, rows, name);
+      return Gather(static_cast<const int32_t*>(idx.untyped_data()), n, dst, rows);
     case ffi::DataType::S64:
-      return CopyRows(static_cast<const int64_t*>(idx.untyped_data()), n, dst, src, stride, row_bytes, rows, name);
+      return Gather(static_cast<const int64_t*>(idx.untyped_data()), n, dst, rows);
     default:
       return ffi::Error::InvalidArgument(std::string(name) + ": row indices must be int32 or int64");
   }
@@ -65,8 +99,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(numpyro_sgd_row_gather, RowGather,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Attr<uint64_t>("base")
+                                  .Attr<ffi::Span<const uint64_t>>("bases")
+                                  .Attr<ffi::Span<const int64_t>>("offsets")
                                   .Attr<int64_t>("stride")
                                   .Attr<int64_t>("row_bytes")
-                                  .Attr<int64_t>("rows")
                                   .Attr<std::string_view>("name"));

@@ -132,7 +132,13 @@ class StreamedRows:
     @property
     def native(self):
         """Whether a traced ``X[idx]`` is read by the native reader (:func:`native.can_read`)."""
-        return self.reader == "auto" and native.can_read(self.source, self.dtype)
+        return self.reader == "auto" and native.can_read(self._parts(), self.dtype)
+
+    def _parts(self):
+        """The NumPy arrays whose stacked rows are this array's (the native reader's parts), or []."""
+        if isinstance(self.source, np.ndarray):
+            return [self.source]
+        return list(self.source.arrays) if isinstance(self.source, _Shards) else []
 
     ndim = property(lambda self: len(self.shape))
     size = property(lambda self: int(np.prod(self.shape)))
@@ -183,7 +189,7 @@ class StreamedRows:
             if read is not None and read[0] is rows and id(self) in read[1]:
                 out = read[1][id(self)]  # read with the plate's other arrays (one_read_per_plate)
             elif self.native:
-                out = native.read_rows(self.source, idx, self.name)
+                out = native.read_rows(self._parts(), idx, self.name)
             else:
                 (out,) = _read_together([self], idx)
             return out[(slice(None),) * idx.ndim + rest] if rest else out

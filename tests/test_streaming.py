@@ -245,11 +245,11 @@ def test_a_plates_streamed_arrays_are_read_by_one_callback(files):
     assert text.count("pure_callback") == 2, text
 
 
-def test_the_native_reader_reads_each_array_in_one_custom_call(files):
+def test_the_native_reader_reads_each_array_in_one_custom_call(files, tmp_path):
     """On the CPU a NumPy source's rows are read by the native reader (an XLA custom call, no
     Python): one call per array, none of them a host callback, with the rows and gradient of the
     same potential on device arrays; under vmap (chains), for static views (a column, reversed
-    rows) too. A source whose dtype JAX changes (float64 without x64) is read by the callback,
+    rows) and for shards (runs across shard boundaries, an empty shard) too. A source whose dtype JAX changes (float64 without x64) is read by the callback,
     which converts it (the tests run with x64: then float64 is read natively)."""
     from numpyro_sgd import native
     from numpyro_sgd.potential import SubsampledPotential
@@ -272,6 +272,12 @@ def test_the_native_reader_reads_each_array_in_one_custom_call(files):
     np.testing.assert_array_equal(np.asarray(jax.jit(jax.vmap(lambda i: Xs[i]))(rows)), X[np.asarray(rows)])
     np.testing.assert_array_equal(np.asarray(jax.jit(lambda i: Xs[:, 1][i])(rows)), X[np.asarray(rows), 1])
     np.testing.assert_array_equal(np.asarray(jax.jit(lambda i: Xs[::-1][i])(rows)), X[::-1][np.asarray(rows)])
+    for k, (a, b) in enumerate([(0, 1_000), (1_000, 1_000), (1_000, 2_500), (2_500, N)]):  # one shard empty
+        np.save(tmp_path / f"{k:03d}.npy", X[a:b])
+    shards = open_shards(tmp_path)
+    across = jnp.concatenate([jnp.arange(990, 1_010), jnp.arange(2_490, 2_510), jnp.array([N - 1, 0])])
+    assert shards.native
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda i: shards[i])(across)), X[np.asarray(across)])
     wide = stream(X.astype(np.float64))
     kept = jax.config.jax_enable_x64  # the tests run with x64 (conftest); without it float64 becomes float32
     assert wide.native == kept and ("pure_callback" in str(jax.make_jaxpr(lambda i: wide[i])(rows[0]))) != kept
