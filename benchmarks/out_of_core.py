@@ -27,6 +27,7 @@ What runs (one process, in this order)
     python benchmarks/out_of_core.py --n 20000000 --dir /tmp/ooc20m --breakdown     # 1.6 GB on disk
     python benchmarks/out_of_core.py --n 100000000 --dir /tmp/ooc100m --kernels SGLD-CV   # 8 GB
     python benchmarks/out_of_core.py --in-memory --n 2000000 --d 50     # peak memory, data in RAM
+    python benchmarks/out_of_core.py --n 20000000 --dir /tmp/ooc20m --shards --kernels   # X as shards
 """
 
 from __future__ import annotations
@@ -269,6 +270,29 @@ def breakdown(X, y, read_s):
           "for y's (both in one callback a step).", flush=True)
 
 
+def shards_pass(directory, X, y, read_s, rows=1_000_000):
+    """The marginal sampling pass of ConstantSGD-full with X as a directory of ``.npy`` shards of
+    ``rows`` rows (written once, from the memmap, next to the files), read by the native reader
+    and by the host callback, against the single file."""
+    from numpyro_sgd import open_shards
+
+    d = Path(directory) / "X_shards"
+    if not d.is_dir():
+        d.mkdir()
+        for k, a in enumerate(range(0, X.shape[0], rows)):
+            np.save(d / f"{k:04d}.npy", np.asarray(X[a:a + rows]))
+    for part in open_shards(d).source.arrays:  # into the page cache, as the single file is
+        np.asarray(part).sum()
+    single = marginal_pass((X, y), False)
+    for reader in ("auto", "callback"):
+        shards = open_shards(d, reader=reader)
+        seconds = marginal_pass((shards, y), False)
+        print(f"X as {len(shards.source.arrays)} shards of {rows:,} rows, read by the "
+              f"{'native reader' if shards.native else 'host callback'}: ConstantSGD-full, a sampling pass "
+              f"{seconds:.3f} s ({seconds / read_s:.2f}× one read; the single file {single:.3f} s, "
+              f"{single / read_s:.2f}×)", flush=True)
+
+
 def in_memory(args):
     """Peak anonymous memory of ConstantSGD-full (20 warmup + 50 draws, S = 10,000) on in-memory
     data, above what the process held before the data were made (JAX initialised): a NumPy array
@@ -316,6 +340,7 @@ def main(argv=None):
     parser.add_argument("--draws", type=int, default=300, help="ConstantSGD-full's draws (about one pass each)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--breakdown", action="store_true", help="also time a streamed pass against device memory")
+    parser.add_argument("--shards", action="store_true", help="also time a pass with X as a directory of shards")
     parser.add_argument("--in-memory", action="store_true")
     parser.add_argument("--mode", choices=["stream", "device"], default=None, help="--in-memory: one mode")
     args = parser.parse_args(argv)
@@ -332,6 +357,8 @@ def main(argv=None):
     clock = CompileClock()
     if args.breakdown:
         breakdown(X, y, read_s)
+    if args.shards:
+        shards_pass(args.dir, X, y, read_s)
     for name in args.kernels:
         r = run(name, (X, y), clock, jax.random.key(0), args.draws)
         ess, mean_err, sd_err = accuracy(r["draws"], mean, cov)

@@ -292,9 +292,9 @@ class _Shards:
         return out
 
 
-def open_shards(directory, name=None):
+def open_shards(directory, name=None, reader="auto"):
     """A :class:`StreamedRows` over every ``.npy`` file of ``directory`` (in name order), stacked
-    by rows; each file is memory-mapped, none is read whole.
+    by rows; each file is memory-mapped, none is read whole. ``reader``: see :class:`StreamedRows`.
 
     :raises ValueError: when the directory holds no ``.npy`` file, or files whose row shape or
         dtype differ (naming the first file that differs).
@@ -313,7 +313,7 @@ def open_shards(directory, name=None):
                 "hold the same columns; rewrite the odd shards.")
     for p, a in zip(paths, arrays):
         _check_source(a, f"{name}: shard {os.path.basename(p)}")
-    return StreamedRows(_Shards(paths, arrays), name)
+    return StreamedRows(_Shards(paths, arrays), name, reader)
 
 
 def stream(source, name=None, reader="auto"):
@@ -332,7 +332,7 @@ def stream(source, name=None, reader="auto"):
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         if os.path.isdir(path):
-            return open_shards(path, name)
+            return open_shards(path, name, reader)
         return StreamedRows(np.load(path, mmap_mode="r"), name or f"stream({path!r})", reader)
     return StreamedRows(source, name or "stream", reader)
 
