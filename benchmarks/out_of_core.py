@@ -298,7 +298,9 @@ def in_memory(args):
     data, above what the process held before the data were made (JAX initialised): a NumPy array
     streamed from host memory (``stream(X)``, ``jit_model_args=False``: one copy, the user's)
     against the same data moved to JAX arrays (``jit_model_args=True``, the NumPy copy then
-    dropped: the device copy and what NumPyro's loop adds). One mode per process (``--mode``)."""
+    dropped: the device copy and what NumPyro's loop adds). One mode per process (``--mode``);
+    ``--mode nuts`` runs NumPyro's NUTS on the full-data model and JAX arrays instead, for the
+    part of the memory that does not grow with N."""
     if args.mode is None:
         import subprocess
         import sys
@@ -318,11 +320,19 @@ def in_memory(args):
         if args.mode == "stream":
             data, jit_args, label = (stream(X), stream(y)), False, "stream(X), stream(y) from host memory"
         else:
-            data, jit_args, label = (jnp.asarray(X), jnp.asarray(y)), True, "JAX arrays, jit_model_args=True"
+            data, jit_args = (jnp.asarray(X), jnp.asarray(y)), True
+            label = "JAX arrays, jit_model_args=True" + (", NumPyro's NUTS" if args.mode == "nuts" else "")
             del X, y
-        mcmc = MCMC(ConstantSGD(make_model("logistic")), num_warmup=20, num_samples=50, progress_bar=False,
-                    jit_model_args=jit_args)
-        mcmc.run(jax.random.key(0), *data, subsample_size=10_000)
+        if args.mode == "nuts":  # the full-data model (subsample_size=None): the constant part, for scale
+            from numpyro.infer import NUTS
+
+            mcmc = MCMC(NUTS(make_model("logistic")), num_warmup=20, num_samples=50, progress_bar=False,
+                        jit_model_args=True)
+            mcmc.run(jax.random.key(0), *data)
+        else:
+            mcmc = MCMC(ConstantSGD(make_model("logistic")), num_warmup=20, num_samples=50, progress_bar=False,
+                        jit_model_args=jit_args)
+            mcmc.run(jax.random.key(0), *data, subsample_size=10_000)
         jax.block_until_ready(mcmc.get_samples())
         seconds = time.perf_counter() - start
     peak = memory.peak - base
@@ -342,7 +352,7 @@ def main(argv=None):
     parser.add_argument("--breakdown", action="store_true", help="also time a streamed pass against device memory")
     parser.add_argument("--shards", action="store_true", help="also time a pass with X as a directory of shards")
     parser.add_argument("--in-memory", action="store_true")
-    parser.add_argument("--mode", choices=["stream", "device"], default=None, help="--in-memory: one mode")
+    parser.add_argument("--mode", choices=["stream", "device", "nuts"], default=None, help="--in-memory: one mode")
     args = parser.parse_args(argv)
     if args.in_memory:
         return in_memory(args)
