@@ -28,6 +28,7 @@ What runs (one process, in this order)
     python benchmarks/out_of_core.py --n 100000000 --dir /tmp/ooc100m --kernels SGLD-CV   # 8 GB
     python benchmarks/out_of_core.py --in-memory --n 2000000 --d 50     # peak memory, data in RAM
     python benchmarks/out_of_core.py --n 20000000 --dir /tmp/ooc20m --shards --kernels   # X as shards
+    python benchmarks/out_of_core.py --n 20000000 --dir /tmp/ooc20m --cold --kernels     # page cache dropped
 """
 
 from __future__ import annotations
@@ -130,6 +131,69 @@ def sequential_read(X, repeats):
     return float(np.median([once() for _ in range(repeats)]))
 
 
+def drop_page_cache(*memmaps):
+    """Drop the memmaps' files from the OS page cache: this process's page-table entries first
+    (``madvise(MADV_DONTNEED)``), then the file's cached pages (``posix_fadvise(DONTNEED)``, which
+    Linux honours for clean pages no process maps). On a virtual machine the host may still
+    cache the file: "cold" is then the guest's page cache dropped."""
+    import mmap
+
+    for m in memmaps:
+        base = m
+        while not isinstance(base, mmap.mmap):
+            base = base.base
+        base.madvise(mmap.MADV_DONTNEED)
+        fd = os.open(m.filename, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def cold(X, y, read_s, repeats):
+    """Cold reads: the page cache dropped (:func:`drop_page_cache`) before each of one
+    sequential read of X, one sampling pass of ConstantSGD-full (a run of one draw, about one
+    pass, from a warmed-up state; the same run warm for comparison) and one pass of the
+    hand-written loop with the native reader (:func:`hand_written_pass`); medians of
+    ``repeats``."""
+    from numpyro_sgd.indices import choose_cluster_size
+
+    def timed(fn, drop):
+        seconds = []
+        for _ in range(repeats):
+            if drop:
+                drop_page_cache(X, y)
+            start = time.perf_counter()
+            fn()
+            seconds.append(time.perf_counter() - start)
+        return float(np.median(seconds))
+
+    def read():
+        total = np.zeros(X.shape[1], np.float64)
+        for a in range(0, X.shape[0], BLOCK):
+            total += X[a:a + BLOCK].sum(0)
+
+    mcmc = MCMC(ConstantSGD(make_model("logistic")), num_warmup=2, num_samples=1, progress_bar=False)
+    mcmc.warmup(jax.random.key(0), X, y, subsample_size=10_000)
+    warm_state = jax.block_until_ready(mcmc.post_warmup_state)
+
+    def one_draw():
+        mcmc.post_warmup_state = warm_state
+        mcmc.run(jax.random.key(1), X, y, subsample_size=10_000)
+        jax.block_until_ready(mcmc.get_samples())
+
+    one_draw()  # compiles
+    b = choose_cluster_size(X.shape[0], 10_000, X.shape[1], X.shape[1] * X.itemsize + y.itemsize)
+    loop = hand_written_pass(X, y, b, "native", repeats=0, program=True)
+    cold_read, warm_run, cold_run = timed(read, True), timed(one_draw, False), timed(one_draw, True)
+    warm_loop, cold_loop = timed(loop, False), timed(loop, True)
+    print(f"cold, the page cache dropped before each (median of {repeats}): one sequential read of X {cold_read:.2f} s "
+          f"(warm {read_s:.2f} s); ConstantSGD-full, a run of one draw (about one pass) from a warmed-up state, "
+          f"{cold_run:.2f} s (warm {warm_run:.2f} s, {cold_run / cold_read:.2f}× the cold read); the hand-written loop "
+          f"with the native reader, one pass {cold_loop:.2f} s (warm {warm_loop:.2f} s, "
+          f"{cold_loop / cold_read:.2f}× the cold read)", flush=True)
+
+
 def accuracy(draws, mean, cov):
     """min bulk ESS, max |mean error| in posterior sds, max relative sd error (draws: chains × draws × D)."""
     sd = np.sqrt(np.diag(cov))
@@ -185,14 +249,15 @@ def marginal_pass(data, jit_args, repeats=3):
     return (float(np.median(seconds[6])) - float(np.median(seconds[3]))) / 3
 
 
-def hand_written_pass(X, y, cluster_size, reader, repeats=3):
+def hand_written_pass(X, y, cluster_size, reader, repeats=3, program=False):
     """Seconds per data pass of a hand-written ``lax.scan`` loop doing what ConstantSGD-full's
     sampling step does at its core (S = 10,000 rows in clusters of ``cluster_size``, the logistic
     gradient, θ ← θ − ε ∇), its rows read by ``reader``: ``"device"``, gathered by XLA from JAX
     arrays in device memory; ``"callback"``, one host callback that reads X's rows and y's
     (``np.take`` of each memmap), as the kernel's callback reader does
     (:func:`numpyro_sgd.streaming.one_read_per_plate`); ``"native"``, the kernel's native reader
-    (:func:`numpyro_sgd.native.read_rows`, one custom call per array)."""
+    (:func:`numpyro_sgd.native.read_rows`, one custom call per array). ``program=True``: the
+    compiled loop as a function of nothing (one pass), compiled without reading the data."""
     from numpyro_sgd import native
     from numpyro_sgd.indices import cluster_indices
 
@@ -213,6 +278,9 @@ def hand_written_pass(X, y, cluster_size, reader, repeats=3):
 
     loop = jax.jit(lambda w, keys, data: jax.lax.scan(lambda w, k: step(w, k, data), w, keys)[0])
     keys = jax.random.split(jax.random.key(0), n // s)
+    if program:
+        compiled = loop.lower(jnp.zeros(d), keys, data).compile()
+        return lambda: compiled(jnp.zeros(d), keys, data).block_until_ready()
     loop(jnp.zeros(d), keys, data).block_until_ready()
     seconds = []
     for _ in range(repeats):
@@ -351,6 +419,7 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--breakdown", action="store_true", help="also time a streamed pass against device memory")
     parser.add_argument("--shards", action="store_true", help="also time a pass with X as a directory of shards")
+    parser.add_argument("--cold", action="store_true", help="also time a read and a pass with the page cache dropped")
     parser.add_argument("--in-memory", action="store_true")
     parser.add_argument("--mode", choices=["stream", "device", "nuts"], default=None, help="--in-memory: one mode")
     args = parser.parse_args(argv)
@@ -369,6 +438,8 @@ def main(argv=None):
         breakdown(X, y, read_s)
     if args.shards:
         shards_pass(args.dir, X, y, read_s)
+    if args.cold:
+        cold(X, y, read_s, args.repeats)
     for name in args.kernels:
         r = run(name, (X, y), clock, jax.random.key(0), args.draws)
         ess, mean_err, sd_err = accuracy(r["draws"], mean, cov)
