@@ -240,7 +240,8 @@ def test_a_plates_streamed_arrays_are_read_by_one_callback(files):
     device = pot.potential_and_grad(theta, idx, (jnp.asarray(X), jnp.asarray(y)))
     np.testing.assert_allclose(np.asarray(jax.jit(lambda t: pot.potential_and_grad(t, idx, streamed)[1])(theta)),
                                np.asarray(device[1]), rtol=1e-5)
-    short = (stream(d / "X.npy", reader="callback"), stream(np.asarray(y)[: N // 2], reader="callback"))  # y shorter
+    short = (stream(d / "X.npy", reader="callback"),
+             stream(np.asarray(y)[: N // 2], reader="callback"))  # y not of the plate's length
     text = str(jax.make_jaxpr(lambda t, i: pot.potential(t, i, short))(theta, {"data": jnp.arange(S)}))
     assert text.count("pure_callback") == 2, text
 
@@ -249,8 +250,9 @@ def test_the_native_reader_reads_each_array_in_one_custom_call(files, tmp_path):
     """On the CPU a NumPy source's rows are read by the native reader (an XLA custom call, no
     Python): one call per array, none of them a host callback, with the rows and gradient of the
     same potential on device arrays; under vmap (chains), for static views (a column, reversed
-    rows) and for shards (runs across shard boundaries, an empty shard) too. A source whose dtype JAX changes (float64 without x64) is read by the callback,
-    which converts it (the tests run with x64: then float64 is read natively)."""
+    rows) and for shards (runs across shard boundaries, an empty shard) too. A source whose dtype
+    JAX changes (float64 without x64) is read by the callback, which converts it (the tests run
+    with x64: then float64 is read natively)."""
     from numpyro_sgd import native
     from numpyro_sgd.potential import SubsampledPotential
 
