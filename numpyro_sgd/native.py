@@ -30,6 +30,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import threading
 import warnings
 from pathlib import Path
 
@@ -42,6 +43,7 @@ __all__ = ["available", "can_read", "read_rows", "row_contiguous"]
 _TARGET = "numpyro_sgd_row_gather"
 _SOURCE = Path(__file__).with_name("row_gather.cc")
 _state = {}  # "ok": bool, "why": str, "lib": the loaded library (kept alive)
+_building = threading.Lock()  # one build and registration per process, whichever thread traces first
 
 
 def _cache_dir():
@@ -87,22 +89,30 @@ def _build():
 def available():
     """Whether the native reader is built, loaded and registered (done on the first call; where
     it cannot be, warns once with the reason and returns False)."""
-    if "ok" not in _state:
-        try:
-            if not hasattr(jax, "ffi") or not hasattr(jax.ffi, "include_dir"):
-                raise RuntimeError(f"jax {jax.__version__} has no jax.ffi")
-            if sys.platform.startswith("win"):
-                raise RuntimeError("it is built only on Linux and macOS")
-            lib = ctypes.cdll.LoadLibrary(str(_build()))
-            jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(lib.numpyro_sgd_row_gather), platform="cpu")
-            _state.update(ok=True, lib=lib, why="")
-        except Exception as e:  # any failure leaves the host-callback reader, which is always correct
-            _state.update(ok=False, why=str(e))
-            warnings.warn(
-                f"numpyro_sgd: the native row reader could not be built ({e}); streamed rows are read by a "
-                "Python host callback instead, correct but about twice as slow a data pass. Install a C++17 "
-                "compiler (g++ or clang++, or set CXX) to use it.", stacklevel=3)
+    if "ok" in _state:
+        return _state["ok"]
+    with _building:
+        if "ok" not in _state:
+            _build_and_register()
     return _state["ok"]
+
+
+def _build_and_register():
+    """Build, load and register the handler, recording in ``_state`` whether it worked and why not."""
+    try:
+        if not hasattr(jax, "ffi") or not hasattr(jax.ffi, "include_dir"):
+            raise RuntimeError(f"jax {jax.__version__} has no jax.ffi")
+        if sys.platform.startswith("win"):
+            raise RuntimeError("it is built only on Linux and macOS")
+        lib = ctypes.cdll.LoadLibrary(str(_build()))
+        jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(lib.numpyro_sgd_row_gather), platform="cpu")
+        _state.update(ok=True, lib=lib, why="")
+    except Exception as e:  # any failure leaves the host-callback reader, which is always correct
+        _state.update(ok=False, why=str(e))
+        warnings.warn(
+            f"numpyro_sgd: the native row reader could not be built ({e}); streamed rows are read by a "
+            "Python host callback instead, correct but about twice as slow a data pass. Install a C++17 "
+            "compiler (g++ or clang++, or set CXX) to use it.", stacklevel=4)
 
 
 def can_read(parts, dtype):
