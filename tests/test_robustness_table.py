@@ -530,6 +530,11 @@ ROW_TESTS = {
         "test_streaming.py::test_bad_files_are_refused_before_any_compute"],
     "memory-mapped arguments with `MCMC(..., jit_model_args=True)`": [
         "test_streaming.py::test_bad_files_are_refused_before_any_compute"],
+    "data read in place (memmaps, `stream`, `open_shards`) where the native row reader cannot be built": [
+        "test_streaming.py::test_without_a_compiler_the_callback_reads_with_one_warning"],
+    "a streamed row asked past the data (or a negative row) inside a program": [
+        "test_streaming.py::test_a_row_past_the_data_is_an_error_naming_the_array",
+        "test_streaming.py::test_bad_files_are_refused_before_any_compute"],
     "`to_arviz(..., log_likelihood=True)` whose (chains, draws, N) pointwise array": [
         "test_streaming.py::test_to_arviz_refuses_a_pointwise_log_likelihood_larger_than_memory"],
     "`control_variates=True` on a model with several subsample plates": [
