@@ -119,12 +119,18 @@ def reference(directory, X, y):
     return mean, cov, time.perf_counter() - start
 
 
+def read_once(X):
+    """One sequential NumPy read of X: the column sums over blocks of rows."""
+    total = np.zeros(X.shape[1], np.float64)
+    for a in range(0, X.shape[0], BLOCK):
+        total += X[a:a + BLOCK].sum(0)
+    return total
+
+
 def sequential_read(X, repeats):
     def once():
         start = time.perf_counter()
-        total = np.zeros(X.shape[1], np.float64)
-        for a in range(0, X.shape[0], BLOCK):
-            total += X[a:a + BLOCK].sum(0)
+        read_once(X)
         return time.perf_counter() - start
 
     once(), once()  # page cache
@@ -168,11 +174,6 @@ def cold(X, y, read_s, repeats):
             seconds.append(time.perf_counter() - start)
         return float(np.median(seconds))
 
-    def read():
-        total = np.zeros(X.shape[1], np.float64)
-        for a in range(0, X.shape[0], BLOCK):
-            total += X[a:a + BLOCK].sum(0)
-
     mcmc = MCMC(ConstantSGD(make_model("logistic")), num_warmup=2, num_samples=1, progress_bar=False)
     mcmc.warmup(jax.random.key(0), X, y, subsample_size=10_000)
     warm_state = jax.block_until_ready(mcmc.post_warmup_state)
@@ -185,7 +186,7 @@ def cold(X, y, read_s, repeats):
     one_draw()  # compiles
     b = choose_cluster_size(X.shape[0], 10_000, X.shape[1], X.shape[1] * X.itemsize + y.itemsize)
     loop = hand_written_pass(X, y, b, "native", repeats=0, program=True)
-    cold_read, warm_run, cold_run = timed(read, True), timed(one_draw, False), timed(one_draw, True)
+    cold_read, warm_run, cold_run = timed(lambda: read_once(X), True), timed(one_draw, False), timed(one_draw, True)
     warm_loop, cold_loop = timed(loop, False), timed(loop, True)
     print(f"cold, the page cache dropped before each (median of {repeats}): one sequential read of X {cold_read:.2f} s "
           f"(warm {read_s:.2f} s); ConstantSGD-full, a run of one draw (about one pass) from a warmed-up state, "
@@ -361,6 +362,11 @@ def shards_pass(directory, X, y, read_s, rows=1_000_000):
               f"{single / read_s:.2f}×)", flush=True)
 
 
+#: XLA:CPU's loop emitters for every program of the process (jaxlib versions that still have
+#: them): compiling NumPyro's sampling loop with the MLIR fusion emitters holds 60–80 MB more
+LOOP_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
+
+
 def in_memory(args):
     """Peak anonymous memory of ConstantSGD-full (20 warmup + 50 draws, S = 10,000) on in-memory
     data, above what the process held before the data were made (JAX initialised): a NumPy array
@@ -368,14 +374,21 @@ def in_memory(args):
     against the same data moved to JAX arrays (``jit_model_args=True``, the NumPy copy then
     dropped: the device copy and what NumPyro's loop adds). One mode per process (``--mode``);
     ``--mode nuts`` runs NumPyro's NUTS on the full-data model and JAX arrays instead, for the
-    part of the memory that does not grow with N."""
+    part of the memory that does not grow with N. Where the jaxlib has XLA:CPU's loop emitters,
+    the stream is run a second time with them for every program (:data:`LOOP_EMITTERS`)."""
     if args.mode is None:
         import subprocess
         import sys
 
-        for mode in ("stream", "device"):
+        from numpyro_sgd.programs import quick_compile_options
+
+        runs = [("stream", {}), ("device", {})]
+        if "xla_cpu_use_fusion_emitters" in (quick_compile_options("warmup") or {}):  # XLA:CPU has loop emitters
+            flags = (os.environ.get("XLA_FLAGS", "") + " " + LOOP_EMITTERS).strip()
+            runs.append(("stream", {"XLA_FLAGS": flags}))
+        for mode, env in runs:
             subprocess.run([sys.executable, __file__, "--in-memory", "--mode", mode, "--n", str(args.n),
-                            "--d", str(args.d)], check=True)
+                            "--d", str(args.d)], check=True, env={**os.environ, **env})
         return
     jax.jit(lambda x: x + 1)(1.0)
     base = rss_anon_gib()
@@ -387,6 +400,8 @@ def in_memory(args):
         start = time.perf_counter()
         if args.mode == "stream":
             data, jit_args, label = (stream(X), stream(y)), False, "stream(X), stream(y) from host memory"
+            if LOOP_EMITTERS in os.environ.get("XLA_FLAGS", ""):
+                label += f", XLA_FLAGS={LOOP_EMITTERS}"
         else:
             data, jit_args = (jnp.asarray(X), jnp.asarray(y)), True
             label = "JAX arrays, jit_model_args=True" + (", NumPyro's NUTS" if args.mode == "nuts" else "")

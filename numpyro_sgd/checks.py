@@ -44,10 +44,21 @@ TINY_N = 100
 FULL_DATA_CHECK_MIN_N = 10_000
 
 
-def all_finite(array, rows=1_000_000):
-    """Whether an array argument has no NaN/inf (integer arrays: True), without a full copy."""
+#: ``all_finite`` reads a NumPy or streamed array in blocks of about this many elements, so that
+#: its temporaries (the block read, ``np.isfinite``'s booleans) stay a few MB whatever the width:
+#: blocks of 10⁶ rows held 50 MB of booleans at D = 50, a third of the in-memory run's peak
+#: beyond the data (``benchmarks/out_of_core.py --in-memory``)
+FINITE_CHECK_ELEMENTS = 1 << 22
+
+
+def all_finite(array, rows=None):
+    """Whether an array argument has no NaN/inf (integer arrays: True), without a full copy:
+    ``rows`` rows at a time (default: about :data:`FINITE_CHECK_ELEMENTS` elements)."""
     if not jnp.issubdtype(array.dtype, jnp.inexact):
         return True
+    if rows is None:
+        width = math.prod(array.shape[1:]) if len(array.shape) > 1 else 1
+        rows = max(1, FINITE_CHECK_ELEMENTS // max(width, 1))
     if isinstance(array, np.ndarray):
         flat = array.reshape(array.shape[0], -1) if array.ndim else array.reshape(1, 1)
         return all(np.isfinite(flat[i:i + rows]).all() for i in range(0, flat.shape[0], rows))

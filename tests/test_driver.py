@@ -208,6 +208,30 @@ def test_non_finite_data_are_named_before_sampling():
     ConstantSGD(masked_model).init(jax.random.key(0), 0, None, (X, jnp.asarray(y)), {})
 
 
+def test_the_finite_check_reads_wide_data_in_small_blocks(monkeypatch):
+    """all_finite reads about FINITE_CHECK_ELEMENTS values at a time whatever the width (blocks of
+    10⁶ rows held 50 MB of booleans at D = 50), and still sees a NaN in the last block."""
+    from numpyro_sgd import checks
+
+    monkeypatch.setattr(checks, "FINITE_CHECK_ELEMENTS", 64)
+    reads = []
+
+    class Rows(np.ndarray):  # an ndarray that records the rows each block read asks for
+        def __getitem__(self, key):
+            if isinstance(key, slice):
+                reads.append(key.stop - key.start)
+            return super().__getitem__(key)
+
+    wide = np.zeros((50, 20), np.float32)
+    assert checks.all_finite(wide.view(Rows))
+    assert set(reads) == {64 // 20} and len(reads) == 17  # 3 rows a block: 17 blocks
+    wide[-1, -1] = np.nan
+    assert not checks.all_finite(wide.view(Rows))
+    column = np.zeros(200, np.float32)
+    column[-1] = np.inf
+    assert not checks.all_finite(column.view(Rows))  # 64 rows a block
+
+
 def test_plate_larger_than_the_data_is_refused():
     """numpyro.plate("data", 2000, ...) over 1,000 rows ran on JAX's clamped indices (the last
     row repeated, 9 sd off, no warning); it is refused at init, naming the plate and the fix,

@@ -112,6 +112,18 @@ def test_ordered_rows_are_detected_and_the_default_falls_back(monkeypatch):
         assert resolve_cluster_sizes(potential, (X[order], y[order]), {}, requested=50) == {"data": 50}
 
 
+def test_the_order_check_reads_the_clusters_a_few_at_a_time():
+    """The design effect is the same whether the clusters are read in one block or one at a time
+    (the chunks' row variances merged): on rows in random order and on rows sorted by y."""
+    X, y, _, _ = _regression(n=6000)
+    order = np.argsort(y)
+    for arrays in ([X, y], [X[order], y[order]]):
+        whole = order_design_effect(arrays, len(y), 20, chunk_elements=10**9)
+        assert order_design_effect(arrays, len(y), 20, chunk_elements=1) == pytest.approx(whole, rel=1e-9)
+        assert order_design_effect(arrays, len(y), 20, chunk_elements=500) == pytest.approx(whole, rel=1e-9)
+    assert order_design_effect([X[order], y[order]], len(y), 20) > 10  # sorted by y: about B
+
+
 def test_shuffle_rows_keeps_rows_together(tmp_path):
     X = np.arange(40, dtype=np.float32).reshape(20, 2)
     y = np.arange(20)
