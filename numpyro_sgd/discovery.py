@@ -170,13 +170,14 @@ def check_plate_sizes(potential, model_args, model_kwargs):
     """Raise when a subsample plate is larger than the data it indexes: its indices would run
     past the data, and JAX clamps out-of-range gathers silently (the last row repeated).
 
-    Cheap first: a plate no larger than some dimension of an array argument passes. Otherwise
+    Cheap first: a plate no larger than some dimension of an array argument (or than a streamed
+    argument's rows), and no larger than any streamed argument, passes. Otherwise
     (a larger plate, or data closed over by the model) the minibatch potential is evaluated once
     at the plate's last index with JAX's index checks (``checkify``), which sees every gather.
     """
     arrays = split_arrays(model_args, model_kwargs)[0]
-    largest = max((d for a in arrays for d in np.shape(a)), default=0)
     streams = streamed_sources((model_args, model_kwargs))
+    largest = max([d for a in arrays for d in np.shape(a)] + [len(r) for r in streams], default=0)
     for p in potential.plates:
         if p.size <= largest and all(len(r) >= p.size for r in streams):
             continue
