@@ -46,8 +46,7 @@ FULL_DATA_CHECK_MIN_N = 10_000
 
 #: ``all_finite`` reads a NumPy or streamed array in blocks of about this many elements, so that
 #: its temporaries (the block read, ``np.isfinite``'s booleans) stay a few MB whatever the width:
-#: blocks of 10⁶ rows held 50 MB of booleans at D = 50, a third of the in-memory run's peak
-#: beyond the data (``benchmarks/out_of_core.py --in-memory``)
+#: blocks of 10⁶ rows held 50 MB of booleans at D = 50, and would hold 1 GB at D = 1,000
 FINITE_CHECK_ELEMENTS = 1 << 22
 
 
