@@ -93,7 +93,8 @@ def warn_constant_data(name, model_args, model_kwargs):
             f"{name}: {size / 2**20:.0f} MB of model arguments are compiled into the sampling loop as "
             "constants (NumPyro's default jit_model_args=False), which makes every compilation slower "
             "and holds the data twice. Pass MCMC(..., jit_model_args=True) to give them to the loop as "
-            "arguments.", stacklevel=find_stack_level())
+            "arguments, or give data the model indexes by the plate (X[idx]) as numpyro_sgd.stream(X): "
+            "its rows are then read in place, and the data are held once.", stacklevel=find_stack_level())
 
 
 def check_problem_size(name, potential):

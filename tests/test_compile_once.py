@@ -88,7 +88,7 @@ def test_large_closed_over_data_warns_with_the_fix():
     x = jnp.zeros((n, 3), jnp.float32)
     y = jnp.zeros(n, jnp.float32)
     mcmc = MCMC(SGLD(model, step_size=1e-6), num_warmup=0, num_samples=1, progress_bar=False)
-    with pytest.warns(UserWarning, match="jit_model_args=True"):
+    with pytest.warns(UserWarning, match=r"jit_model_args=True.*numpyro_sgd\.stream\(X\)"):
         mcmc.run(jax.random.key(0), x, y, S)
     mcmc = MCMC(SGLD(model, step_size=1e-6), num_warmup=0, num_samples=1, progress_bar=False, jit_model_args=True)
     with warnings.catch_warnings():
