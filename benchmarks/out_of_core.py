@@ -186,7 +186,8 @@ def cold(X, y, read_s, repeats):
     one_draw()  # compiles
     b = choose_cluster_size(X.shape[0], 10_000, X.shape[1], X.shape[1] * X.itemsize + y.itemsize)
     loop = hand_written_pass(X, y, b, "native", repeats=0, program=True)
-    cold_read, warm_run, cold_run = timed(lambda: read_once(X), True), timed(one_draw, False), timed(one_draw, True)
+    cold_read = timed(lambda: read_once(X), True)
+    warm_run, cold_run = timed(one_draw, False), timed(one_draw, True)
     warm_loop, cold_loop = timed(loop, False), timed(loop, True)
     print(f"cold, the page cache dropped before each (median of {repeats}): one sequential read of X {cold_read:.2f} s "
           f"(warm {read_s:.2f} s); ConstantSGD-full, a run of one draw (about one pass) from a warmed-up state, "
