@@ -441,7 +441,8 @@ def main(argv=None):
     parser.add_argument("--shards", action="store_true", help="also time a pass with X as a directory of shards")
     parser.add_argument("--cold", action="store_true", help="also time a read and a pass with the page cache dropped")
     parser.add_argument("--in-memory", action="store_true")
-    parser.add_argument("--mode", choices=["stream", "device", "numpy", "nuts"], default=None, help="--in-memory: one mode")
+    parser.add_argument("--mode", choices=["stream", "device", "numpy", "nuts"], default=None,
+                        help="--in-memory: one mode")
     args = parser.parse_args(argv)
     if args.in_memory:
         return in_memory(args)
