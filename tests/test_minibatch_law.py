@@ -114,7 +114,7 @@ def test_ordered_rows_are_detected_and_the_default_falls_back(monkeypatch):
 
 def test_the_order_check_reads_the_clusters_a_few_at_a_time():
     """The design effect is the same whether the clusters are read in one block or one at a time
-    (the chunks' row variances merged): on rows in random order and on rows sorted by y."""
+    (each cluster's mean and variance kept): on rows in random order and on rows sorted by y."""
     X, y, _, _ = _regression(n=6000)
     order = np.argsort(y)
     for arrays in ([X, y], [X[order], y[order]]):
