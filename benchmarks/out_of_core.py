@@ -174,14 +174,10 @@ def cold(X, y, read_s, repeats):
             seconds.append(time.perf_counter() - start)
         return float(np.median(seconds))
 
-    mcmc = MCMC(ConstantSGD(make_model("logistic")), num_warmup=2, num_samples=1, progress_bar=False)
-    mcmc.warmup(jax.random.key(0), X, y, subsample_size=10_000)
-    warm_state = jax.block_until_ready(mcmc.post_warmup_state)
+    run = warmed_runner((X, y))
 
     def one_draw():
-        mcmc.post_warmup_state = warm_state
-        mcmc.run(jax.random.key(1), X, y, subsample_size=10_000)
-        jax.block_until_ready(mcmc.get_samples())
+        run(1, jax.random.key(1))
 
     one_draw()  # compiles
     b = choose_cluster_size(X.shape[0], 10_000, X.shape[1], X.shape[1] * X.itemsize + y.itemsize)
@@ -231,21 +227,33 @@ def run(name, data, clock, key, draws):
                 anon_base_gib=memory.base)
 
 
-def marginal_pass(data, jit_args, repeats=3):
-    """Seconds per sampling data pass of ConstantSGD-full (S = 10,000, 1 chain): runs of 3 and 6
-    draws (one pass each) from the same warmed-up state, compile excluded; median of differences."""
-    mcmc = MCMC(ConstantSGD(make_model("logistic")), num_warmup=2, num_samples=3, progress_bar=False,
+def warmed_runner(data, jit_args=False):
+    """``run(num_samples, key)``: ConstantSGD-full (S = 10,000, 1 chain) sampling ``num_samples``
+    draws (about one pass each) from one warmed-up state, until its draws are ready; its first
+    call compiles."""
+    mcmc = MCMC(ConstantSGD(make_model("logistic")), num_warmup=2, num_samples=1, progress_bar=False,
                 jit_model_args=jit_args)
     mcmc.warmup(jax.random.key(0), *data, subsample_size=10_000)
     warm = jax.block_until_ready(mcmc.post_warmup_state)
+
+    def run(num_samples, key):
+        mcmc.num_samples = num_samples
+        mcmc.post_warmup_state = warm
+        mcmc.run(key, *data, subsample_size=10_000)
+        jax.block_until_ready(mcmc.get_samples())
+
+    return run
+
+
+def marginal_pass(data, jit_args, repeats=3):
+    """Seconds per sampling data pass of ConstantSGD-full (:func:`warmed_runner`): runs of 3 and
+    6 draws from the same warmed-up state, compile excluded; median of differences."""
+    run = warmed_runner(data, jit_args)
     seconds = {3: [], 6: []}
     for rep in range(repeats + 1):
         for k in seconds:
-            mcmc.num_samples = k
-            mcmc.post_warmup_state = warm
             start = time.perf_counter()
-            mcmc.run(jax.random.key(rep), *data, subsample_size=10_000)
-            jax.block_until_ready(mcmc.get_samples())
+            run(k, jax.random.key(rep))
             if rep:  # the first round compiles
                 seconds[k].append(time.perf_counter() - start)
     return (float(np.median(seconds[6])) - float(np.median(seconds[3]))) / 3
