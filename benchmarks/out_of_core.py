@@ -381,9 +381,11 @@ def in_memory(args):
     data, above what the process held before the data were made (JAX initialised): a NumPy array
     streamed from host memory (``stream(X)``, ``jit_model_args=False``: one copy, the user's)
     against the same data moved to JAX arrays (``jit_model_args=True``, the NumPy copy then
-    dropped: the device copy and what NumPyro's loop adds), and the NumPy arrays given as they
-    are to NumPyro's defaults (``--mode numpy``: closed over by the loop, a warning names the two
-    fixes). One mode per process (``--mode``);
+    dropped: the device copy and what NumPyro's loop adds), the NumPy arrays given as they are
+    to NumPyro's defaults (``--mode numpy``: the kernel reads arrays of 32 MiB or more in place,
+    ``streaming.AUTO_STREAM_BYTES``) and JAX arrays given to NumPyro's defaults (``--mode
+    constants``: closed over by the loop as constants, a warning names the two fixes; what NumPy
+    arrays cost before the kernels read them in place). One mode per process (``--mode``);
     ``--mode nuts`` runs NumPyro's NUTS on the full-data model and JAX arrays instead, for the
     part of the memory that does not grow with N. Where the jaxlib has XLA:CPU's loop emitters,
     the stream is run a second time with them for every program (:data:`LOOP_EMITTERS`)."""
@@ -393,7 +395,7 @@ def in_memory(args):
 
         from numpyro_sgd.programs import quick_compile_options
 
-        runs = [("stream", {}), ("device", {}), ("numpy", {})]
+        runs = [("stream", {}), ("device", {}), ("numpy", {}), ("constants", {})]
         if "xla_cpu_use_fusion_emitters" in (quick_compile_options("warmup") or {}):  # XLA:CPU has loop emitters
             flags = (os.environ.get("XLA_FLAGS", "") + " " + LOOP_EMITTERS).strip()
             runs.append(("stream", {"XLA_FLAGS": flags}))
@@ -411,6 +413,9 @@ def in_memory(args):
         start = time.perf_counter()
         if args.mode == "numpy":  # what a user who passes NumPy arrays to NumPyro's defaults gets
             data, jit_args, label = (X, y), False, "NumPy arrays, NumPyro's default jit_model_args=False"
+        elif args.mode == "constants":
+            data, jit_args, label = (jnp.asarray(X), jnp.asarray(y)), False, "JAX arrays, jit_model_args=False"
+            del X, y
         elif args.mode == "stream":
             data, jit_args, label = (stream(X), stream(y)), False, "stream(X), stream(y) from host memory"
             if LOOP_EMITTERS in os.environ.get("XLA_FLAGS", ""):
@@ -449,7 +454,7 @@ def main(argv=None):
     parser.add_argument("--shards", action="store_true", help="also time a pass with X as a directory of shards")
     parser.add_argument("--cold", action="store_true", help="also time a read and a pass with the page cache dropped")
     parser.add_argument("--in-memory", action="store_true")
-    parser.add_argument("--mode", choices=["stream", "device", "numpy", "nuts"], default=None,
+    parser.add_argument("--mode", choices=["stream", "device", "numpy", "constants", "nuts"], default=None,
                         help="--in-memory: one mode")
     args = parser.parse_args(argv)
     if args.in_memory:

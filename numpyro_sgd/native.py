@@ -17,8 +17,10 @@ XLA FFI headers that jaxlib ships (:func:`jax.ffi.include_dir`), into
 version and the platform; then loaded and registered for the CPU. Where it cannot be built (no
 compiler, no :mod:`jax.ffi`), streamed rows are read by a host callback as before, with one
 warning that says why; on an accelerator (not the CPU) too, without a warning. It reads only
-arrays whose rows are one contiguous run of bytes and whose dtype JAX keeps as it is (e.g. not
-float64 without ``jax_enable_x64``): the others are read by the callback, which converts them.
+arrays whose rows are one contiguous run of bytes, in a dtype JAX keeps as it is or in one of the
+64-bit dtypes it narrows without ``jax_enable_x64`` (float64, int64 and uint64 rows become float32,
+int32 and uint32 as they are copied: :data:`CASTS`); the others are read by the callback, which
+converts them.
 """
 
 from __future__ import annotations
@@ -38,10 +40,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["available", "can_read", "read_rows", "row_contiguous"]
+__all__ = ["CASTS", "available", "can_read", "read_rows", "row_contiguous"]
 
 _TARGET = "numpyro_sgd_row_gather"
 _SOURCE = Path(__file__).with_name("row_gather.cc")
+#: (source dtype, result dtype) → the handler's ``convert`` code: the narrowing casts JAX applies to
+#: 64-bit data without ``jax_enable_x64``, done row by row as the rows are copied
+CASTS = {(np.dtype(np.float64), np.dtype(np.float32)): 1, (np.dtype(np.int64), np.dtype(np.int32)): 2,
+         (np.dtype(np.uint64), np.dtype(np.uint32)): 3}
 _state = {}  # "ok": bool, "why": str, "lib": the loaded library (kept alive)
 _building = threading.Lock()  # one build and registration per process, whichever thread traces first
 
@@ -119,14 +125,17 @@ def can_read(parts, dtype):
     """Whether the native reader can serve the rows of ``parts`` (NumPy arrays stacked by rows:
     one array, or the memmaps of a shard directory) as ``dtype`` (the dtype JAX gives them): each
     row is one contiguous run of bytes, the parts agree in dtype, row shape and row stride, the
-    dtype is ``dtype``, programs run on the CPU and the reader is built."""
+    dtype is ``dtype`` or narrows to it (:data:`CASTS`), programs run on the CPU and the reader is
+    built."""
     if not parts or not all(isinstance(p, np.ndarray) and p.ndim > 0 for p in parts):
         return False
     first = parts[0]
     if any(p.dtype != first.dtype or p.shape[1:] != first.shape[1:] or p.strides[0] != first.strides[0]
            for p in parts):
         return False
-    if np.dtype(dtype) != first.dtype or sum(p.shape[0] for p in parts) == 0 or jax.default_backend() != "cpu":
+    same = np.dtype(dtype) == first.dtype
+    if not (same or (first.dtype, np.dtype(dtype)) in CASTS) or sum(p.shape[0] for p in parts) == 0 \
+            or jax.default_backend() != "cpu":
         return False
     return all(row_contiguous(p) for p in parts) and available()
 
@@ -143,10 +152,10 @@ def row_contiguous(array):
     return True
 
 
-def read_rows(parts, idx, name):
+def read_rows(parts, idx, name, dtype=None):
     """The rows ``idx`` (traced integers of any shape) of ``parts`` stacked by rows (see
     :func:`can_read`), read by the native reader, as a JAX array of ``idx.shape`` + the row
-    shape. The parts' addresses are static attributes of the program: the caller keeps ``parts``
+    shape, in ``dtype`` (default: the parts' own; else one that :data:`CASTS` narrows them to). The parts' addresses are static attributes of the program: the caller keeps ``parts``
     alive as long as the program (a :class:`~numpyro_sgd.streaming.StreamedRows` holds its
     source). A row outside the data is a runtime error naming it (the words of
     ``streaming.PAST_THE_DATA``)."""
@@ -157,9 +166,12 @@ def read_rows(parts, idx, name):
     if idx.dtype not in (jnp.int32, jnp.int64):
         idx = idx.astype(jnp.int32)
     first = parts[0]
+    dtype = first.dtype if dtype is None else np.dtype(dtype)
+    convert = 0 if dtype == first.dtype else CASTS[first.dtype, dtype]
     row_bytes = first.dtype.itemsize * int(np.prod(first.shape[1:], dtype=np.int64))
-    call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct(idx.shape + first.shape[1:], first.dtype),
+    call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct(idx.shape + first.shape[1:], dtype),
                             vmap_method="broadcast_all")
     return call(idx, bases=np.array([p.ctypes.data for p in parts], dtype=np.uint64),
                 offsets=np.cumsum([0] + [p.shape[0] for p in parts], dtype=np.int64),
-                stride=np.int64(first.strides[0]), row_bytes=np.int64(row_bytes), name=str(name))
+                stride=np.int64(first.strides[0]), row_bytes=np.int64(row_bytes), convert=np.int64(convert),
+                name=str(name))

@@ -7,9 +7,11 @@
 // Input: the row indices (int32 or int64, any shape). Result: the rows, in index order.
 // Attributes: bases (one address per part), offsets (the parts' first rows, then the number of
 // rows), stride (bytes from a row to the next within a part; negative for a reversed view),
-// row_bytes (the bytes of one row, contiguous) and the array's name for error messages. A run of
-// consecutive indices (a cluster of the cluster law) is copied by one memcpy per part it spans
-// when rows are packed (stride == row_bytes).
+// row_bytes (the bytes of one source row, contiguous), convert (0: rows are copied as they are;
+// 1: float64 -> float32, 2: int64 -> int32, 3: uint64 -> uint32, the casts JAX applies to such data
+// without jax_enable_x64; a result row is then half a source row) and the array's name for error
+// messages. A run of consecutive indices (a cluster of the cluster law) is copied by one memcpy
+// per part it spans when rows are packed (stride == row_bytes) and not converted.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -27,9 +29,32 @@ struct Rows {
   ffi::Span<const int64_t> offsets;
   int64_t stride;
   int64_t row_bytes;
+  int64_t convert;
   std::string_view name;
 
   int64_t count() const { return offsets[offsets.size() - 1]; }
+  int64_t out_row_bytes() const { return convert == 0 ? row_bytes : row_bytes / 2; }
+
+  template <typename From, typename To>
+  static void cast_row(const uint8_t* src, uint8_t* dst, int64_t bytes) {
+    const int64_t n = bytes / static_cast<int64_t>(sizeof(From));
+    From value;
+    for (int64_t e = 0; e < n; ++e) {
+      std::memcpy(&value, src + e * sizeof(From), sizeof(From));  // a row need not be aligned
+      const To cast = static_cast<To>(value);
+      std::memcpy(dst + e * sizeof(To), &cast, sizeof(To));
+    }
+  }
+
+  // One source row to one result row (converted when `convert` says so).
+  void copy_row(const uint8_t* src, uint8_t* dst) const {
+    switch (convert) {
+      case 1: return cast_row<double, float>(src, dst, row_bytes);
+      case 2: return cast_row<int64_t, int32_t>(src, dst, row_bytes);
+      case 3: return cast_row<uint64_t, uint32_t>(src, dst, row_bytes);
+      default: std::memcpy(dst, src, static_cast<size_t>(row_bytes));
+    }
+  }
 
   // Copies rows first .. first + n - 1 (all inside the data) to dst.
   void copy(int64_t first, int64_t n, uint8_t* dst) const {
@@ -39,12 +64,13 @@ struct Rows {
       const int64_t take = std::min(n, offsets[k + 1] - first);
       const auto* src = reinterpret_cast<const uint8_t*>(static_cast<uintptr_t>(bases[k])) +
                         (first - offsets[k]) * stride;
-      if (stride == row_bytes) {
+      const int64_t out_bytes = out_row_bytes();
+      if (stride == row_bytes && convert == 0) {
         std::memcpy(dst, src, static_cast<size_t>(take * row_bytes));
       } else {
-        for (int64_t r = 0; r < take; ++r) std::memcpy(dst + r * row_bytes, src + r * stride, row_bytes);
+        for (int64_t r = 0; r < take; ++r) copy_row(src + r * stride, dst + r * out_bytes);
       }
-      dst += take * row_bytes;
+      dst += take * out_bytes;
       first += take;
       n -= take;
     }
@@ -66,20 +92,24 @@ ffi::Error Gather(const Index* idx, int64_t n, uint8_t* dst, const Rows& rows) {
                                          " asked of data with " + std::to_string(count) +
                                          " rows (a plate larger than the data)");
     }
-    rows.copy(start, j - i, dst + i * rows.row_bytes);
+    rows.copy(start, j - i, dst + i * rows.out_row_bytes());
     i = j;
   }
   return ffi::Error::Success();
 }
 
 ffi::Error RowGather(ffi::AnyBuffer idx, ffi::Result<ffi::AnyBuffer> out, ffi::Span<const uint64_t> bases,
-                     ffi::Span<const int64_t> offsets, int64_t stride, int64_t row_bytes, std::string_view name) {
-  const Rows rows{bases, offsets, stride, row_bytes, name};
+                     ffi::Span<const int64_t> offsets, int64_t stride, int64_t row_bytes, int64_t convert,
+                     std::string_view name) {
+  const Rows rows{bases, offsets, stride, row_bytes, convert, name};
   if (bases.size() == 0 || offsets.size() != bases.size() + 1) {
     return ffi::Error::InvalidArgument(std::string(name) + ": one offset per part and the row count are needed");
   }
+  if (convert < 0 || convert > 3 || (convert != 0 && row_bytes % 8 != 0)) {
+    return ffi::Error::InvalidArgument(std::string(name) + ": unknown conversion of the rows");
+  }
   const int64_t n = static_cast<int64_t>(idx.element_count());
-  if (out->size_bytes() != static_cast<size_t>(n * row_bytes)) {
+  if (out->size_bytes() != static_cast<size_t>(n * rows.out_row_bytes())) {
     return ffi::Error::InvalidArgument(std::string(name) + ": the result buffer does not hold the rows asked");
   }
   auto* dst = static_cast<uint8_t*>(out->untyped_data());
@@ -103,4 +133,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(numpyro_sgd_row_gather, RowGather,
                                   .Attr<ffi::Span<const int64_t>>("offsets")
                                   .Attr<int64_t>("stride")
                                   .Attr<int64_t>("row_bytes")
+                                  .Attr<int64_t>("convert")
                                   .Attr<std::string_view>("name"));

@@ -23,6 +23,7 @@ import contextlib
 import contextvars
 import itertools
 import os
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +33,7 @@ from . import native
 from .native import row_contiguous
 
 __all__ = ["StreamedRows", "stream", "open_shards", "streamed_leaves", "streamed_sources", "check_memmaps",
-           "one_read_per_plate"]
+           "one_read_per_plate", "stream_in_memory", "keep_in_memory", "AUTO_STREAM_BYTES"]
 
 _SERIAL = itertools.count()
 
@@ -189,7 +190,7 @@ class StreamedRows:
             if read is not None and read[0] is rows and id(self) in read[1]:
                 out = read[1][id(self)]  # read with the plate's other arrays (one_read_per_plate)
             elif self.native:
-                out = native.read_rows(self._parts(), idx, self.name)
+                out = native.read_rows(self._parts(), idx, self.name, self.dtype)
             else:
                 (out,) = _read_together([self], idx)
             return out[(slice(None),) * idx.ndim + rest] if rest else out
@@ -337,6 +338,75 @@ def stream(source, name=None, reader="auto"):
     return StreamedRows(source, name or "stream", reader)
 
 
+#: In-memory NumPy arrays of at least this many bytes among the model arguments of a kernel's
+#: ``init`` are read in place, like memmaps (:func:`stream_in_memory`), where the native reader
+#: serves them. The same bound as the warning about data compiled in as constants
+#: (``checks.CONSTANT_DATA_WARN_BYTES``): below it, holding the data twice costs little.
+AUTO_STREAM_BYTES = 32 * 2**20
+
+#: ``id(array)`` → the :class:`StreamedRows` :func:`stream_in_memory` made for the in-memory array,
+#: while something (a kernel's kept run arguments or programs) holds it: every later entry point
+#: (``sample``, ``postprocess_fn``, ``to_arviz``, ``loo_subsample``) then reads the same wrapper,
+#: hence the same compiled programs
+_IN_MEMORY = weakref.WeakValueDictionary()
+#: ``id(array)`` → a weak reference to an array the model uses whole (:func:`keep_in_memory`)
+_KEPT = {}
+
+
+def _in_memory_rows(array):
+    rows = _IN_MEMORY.get(id(array))
+    return rows if rows is not None and rows.source is array else None
+
+
+def _kept(array):
+    ref = _KEPT.get(id(array))
+    return ref is not None and ref() is array
+
+
+def _streams_by_default(x, lengths):
+    """Whether the in-memory array ``x`` is read in place by default: a plain NumPy array (not a
+    memmap, which always is) of at least :data:`AUTO_STREAM_BYTES`, or of as many rows as such an
+    array (``lengths``: e.g. the labels ``y`` beside ``X``), whose rows the native reader serves
+    on this backend, and which no model has used whole."""
+    return (type(x) is np.ndarray and x.ndim >= 1 and (x.nbytes >= AUTO_STREAM_BYTES or x.shape[0] in lengths)
+            and x.dtype.kind in "biuf" and not _kept(x) and native.can_read([x], jax.dtypes.canonicalize_dtype(x.dtype)))
+
+
+def stream_in_memory(tree):
+    """``(tree, wrapped)``: ``tree`` (model arguments) with each large in-memory NumPy array
+    (:func:`_streams_by_default`) replaced by its :class:`StreamedRows`, made once per array, and
+    the arrays so replaced.
+
+    With NumPyro's default ``MCMC(..., jit_model_args=False)`` an array argument is compiled into
+    the sampling loop as a constant: the data are held about four times (measured: 4.4× the data's
+    bytes at N = 2·10⁶, D = 50, float32; ``benchmarks/out_of_core.py --in-memory``). Read in place
+    by the native reader, they are held once (1.3–1.4×), and a step reads its rows as fast as from
+    device memory. The caller (a kernel's ``init``) gives them back with :func:`keep_in_memory`
+    where the model uses one whole (``X @ w``, ``X.mean(0)``)."""
+    wrapped = []
+    lengths = {x.shape[0] for x in jax.tree.leaves(tree) if _in_memory_rows(x) or _streams_by_default(x, ())}
+
+    def wrap(x):
+        if isinstance(x, np.ndarray) and not isinstance(x, np.memmap):
+            rows = _in_memory_rows(x)
+            if rows is None and _streams_by_default(x, lengths):
+                rows = _IN_MEMORY[id(x)] = StreamedRows(x, f"in-memory argument of shape {x.shape}")
+            if rows is not None:
+                wrapped.append(x)
+                return rows
+        return x
+
+    return jax.tree.map(wrap, tree), wrapped
+
+
+def keep_in_memory(arrays):
+    """Read ``arrays`` (made :class:`StreamedRows` by :func:`stream_in_memory`) as arrays again,
+    from now on: the model uses them whole."""
+    for x in arrays:
+        _IN_MEMORY.pop(id(x), None)
+        _KEPT[id(x)] = weakref.ref(x, lambda _, key=id(x): _KEPT.pop(key, None))
+
+
 def _wrap_memmap(array):
     """The memmap's :class:`StreamedRows`, made once and kept on the memmap (a cycle the garbage
     collector frees with it), so that repeated calls hit the same compiled programs."""
@@ -347,9 +417,16 @@ def _wrap_memmap(array):
     return rows
 
 
-def streamed_leaves(tree):
-    """``tree`` with every NumPy memmap leaf replaced by its :class:`StreamedRows` (one per memmap)."""
-    return jax.tree.map(lambda x: _wrap_memmap(x) if isinstance(x, np.memmap) else x, tree)
+def streamed_leaves(tree, in_memory=True):
+    """``tree`` with every NumPy memmap leaf replaced by its :class:`StreamedRows` (one per memmap)
+    and, with ``in_memory``, every in-memory array that a kernel's ``init`` streamed
+    (:func:`stream_in_memory`) by its own."""
+    def wrap(x):
+        if isinstance(x, np.memmap):
+            return _wrap_memmap(x)
+        return (in_memory and _in_memory_rows(x)) or x if isinstance(x, np.ndarray) else x
+
+    return jax.tree.map(wrap, tree)
 
 
 def streamed_sources(tree):

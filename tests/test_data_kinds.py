@@ -1,4 +1,6 @@
-"""Runs on the data users have: JAX arrays, NumPy arrays, pandas columns and memory-mapped files.
+"""Runs on the data users have: JAX arrays, NumPy arrays (small, and large enough that the kernel
+reads them in place: ``streaming.AUTO_STREAM_BYTES``, lowered here), pandas columns and
+memory-mapped files.
 
 A fitted kernel's ``model`` (:class:`numpyro_sgd.potential.AllRows`) sets each subsample plate to
 all N rows, so every consumer of a run evaluates the full data: ArviZ's own export
@@ -22,7 +24,7 @@ import numpyro.distributions as dist
 import pytest
 from numpyro.infer import MCMC, Predictive, log_likelihood
 
-from numpyro_sgd import ConstantSGD, SGWithinGibbs, check_run, loo_subsample, to_arviz
+from numpyro_sgd import ConstantSGD, SGWithinGibbs, StreamedRows, check_run, loo_subsample, native, streaming, to_arviz
 
 pd = pytest.importorskip("pandas")
 
@@ -62,7 +64,7 @@ def _data(kind, tmp_path):
     """(x, y) as the user would pass them."""
     if kind == "jax":
         return jnp.asarray(X), jnp.asarray(Y)
-    if kind == "numpy":
+    if kind in ("numpy", "large-numpy"):
         return X.copy(), Y.copy()
     if kind == "pandas":  # columns of a data frame, as NumPy arrays (a DataFrame itself is refused at init)
         frame = pd.DataFrame({"x": X, "y": Y})
@@ -80,7 +82,7 @@ def _gibbs(m, **kw):
 #: (factory, id, marks, model): every kernel of the conformance table, VariationalEM and SGWithinGibbs
 RUNS = [(p.values[0], p.id, p.marks, model) for p in conformance.KERNELS_AND_VEM] + [
     (_gibbs, "SGWithinGibbs", (), hierarchical_model)]
-KINDS = ("numpy", "pandas", "memmap", "jax")
+KINDS = ("numpy", "large-numpy", "pandas", "memmap", "jax")
 
 
 def _cases():
@@ -93,11 +95,16 @@ def _cases():
 
 
 @pytest.mark.parametrize("make, m, kind", list(_cases()))
-def test_every_export_on_every_kind_of_data(make, m, kind, tmp_path):
+def test_every_export_on_every_kind_of_data(make, m, kind, tmp_path, monkeypatch):
     x, y = _data(kind, tmp_path)
+    if kind == "large-numpy":  # every NumPy array counts as large: both are read in place
+        monkeypatch.setattr(streaming, "AUTO_STREAM_BYTES", 0)
     mcmc = MCMC(make(m, steps_per_sample=1), num_warmup=60, num_samples=40, num_chains=2,
                 chain_method="vectorized", progress_bar=False)
     mcmc.run(jax.random.key(0), x, y)
+    if kind == "large-numpy":
+        streamed = native.can_read([x], jax.dtypes.canonicalize_dtype(x.dtype))
+        assert all(isinstance(a, StreamedRows) == streamed for a in mcmc.sampler.run_args[0])
     samples = mcmc.get_samples()
     latent = sorted(samples)
 

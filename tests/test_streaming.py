@@ -250,9 +250,8 @@ def test_the_native_reader_reads_each_array_in_one_custom_call(files, tmp_path):
     """On the CPU a NumPy source's rows are read by the native reader (an XLA custom call, no
     Python): one call per array, none of them a host callback, with the rows and gradient of the
     same potential on device arrays; under vmap (chains), for static views (a column, reversed
-    rows) and for shards (runs across shard boundaries, an empty shard) too. A source whose dtype
-    JAX changes (float64 without x64) is read by the callback, which converts it (the tests run
-    with x64: then float64 is read natively)."""
+    rows) and for shards (runs across shard boundaries, an empty shard) too; float64 rows too
+    (the tests run with x64; without it they are narrowed, next test)."""
     from numpyro_sgd import native
     from numpyro_sgd.potential import SubsampledPotential
 
@@ -281,9 +280,84 @@ def test_the_native_reader_reads_each_array_in_one_custom_call(files, tmp_path):
     assert shards.native
     np.testing.assert_array_equal(np.asarray(jax.jit(lambda i: shards[i])(across)), X[np.asarray(across)])
     wide = stream(X.astype(np.float64))
-    kept = jax.config.jax_enable_x64  # the tests run with x64 (conftest); without it float64 becomes float32
-    assert wide.native == kept and ("pure_callback" in str(jax.make_jaxpr(lambda i: wide[i])(rows[0]))) != kept
+    assert wide.native and "pure_callback" not in str(jax.make_jaxpr(lambda i: wide[i])(rows[0]))
     np.testing.assert_allclose(np.asarray(jax.jit(lambda i: wide[i])(rows[0])), X[np.asarray(rows[0])])
+
+
+def test_the_native_reader_narrows_64_bit_rows_as_jax_does(files):
+    """Without ``jax_enable_x64`` JAX holds float64, int64 and uint64 data as float32, int32 and
+    uint32 (pandas columns and ``np.random`` draws are 64-bit): the native reader casts each row
+    as it copies it, in one custom call and no host callback, to exactly the values of NumPy's
+    ``astype``; packed rows, reversed rows (a negative stride) and one column alike."""
+    d, X, y = files
+    if not stream(X).native:
+        pytest.skip("no native reader on this machine (no C++ compiler)")
+    rows = np.array([3, 4, 5, N - 1, 0, 7, 6])
+    sources = [(X.astype(np.float64) * np.pi, np.float32), (np.round(X * 1e6).astype(np.int64), np.int32),
+               (np.abs(np.round(X * 1e6)).astype(np.uint64), np.uint32), ((y > 0).astype(np.int64), np.int32)]
+    kept = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", False)
+    try:
+        for source, narrow in sources:
+            for view in (source, source[::-1], source[:, 1] if source.ndim > 1 else source[::2]):
+                s = stream(view)
+                assert s.native and s.dtype == narrow, (source.dtype, s.dtype)
+                idx = jnp.asarray(rows[rows < view.shape[0]])
+                text = str(jax.make_jaxpr(lambda i: s[i])(idx))
+                assert "numpyro_sgd_row_gather" in text and "pure_callback" not in text, text
+                out = np.asarray(jax.jit(lambda i: s[i])(idx))
+                assert out.dtype == narrow
+                np.testing.assert_array_equal(out, view[np.asarray(idx)].astype(narrow))
+    finally:
+        jax.config.update("jax_enable_x64", kept)
+
+
+def _centred(X, y):
+    """The test model with the columns centred by their full-data mean: it uses X whole."""
+    w = numpyro.sample("w", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
+    mean = X.mean(0)
+    with numpyro.plate("data", X.shape[0], subsample_size=S) as idx:
+        numpyro.sample("y", dist.Bernoulli(logits=(X[idx] - mean) @ w), obs=y[idx])
+
+
+def test_large_in_memory_arrays_are_read_in_place_by_default(files, monkeypatch):
+    """NumPy arrays of ``AUTO_STREAM_BYTES`` or more (lowered here to X's size), and with them the
+    arrays of as many rows (y), given to NumPyro's default ``jit_model_args=False`` are read in
+    place by the native reader rather than compiled into the loop as constants (the data held
+    about four times): the draws are those of the same data as device arrays, a second run reads
+    the same wrapper with the kept programs, and ``to_arviz`` and ``loo_subsample`` read it too.
+    Smaller arrays, ``jit_model_args=True`` and a model that uses the array whole (``X.mean(0)``:
+    it is then kept as an array for good) keep the arrays as they were given."""
+    from numpyro_sgd import streaming
+
+    d, X, y = files
+    Xn, yn = X.copy(), y.copy()
+    if not stream(Xn).native:
+        pytest.skip("no native reader on this machine (no C++ compiler)")
+    monkeypatch.setattr(streaming, "AUTO_STREAM_BYTES", Xn.nbytes)
+    kernel = ConstantSGD(model)
+    mcmc = run(kernel, Xn, yn)
+    Xs, ys = kernel.run_args[0]
+    assert isinstance(Xs, StreamedRows) and Xs.source is Xn and isinstance(ys, StreamedRows) and ys.source is yn
+    device = run(ConstantSGD(model), jnp.asarray(X), jnp.asarray(y)).get_samples()["w"]
+    np.testing.assert_allclose(np.asarray(mcmc.get_samples()["w"]), np.asarray(device), rtol=1e-5, atol=1e-6)
+    program = kernel._init_program.entry[1]
+    mcmc.run(jax.random.key(1), Xn, yn)
+    assert kernel.run_args[0][0] is Xs and kernel._init_program.entry[1] is program
+    assert np.isfinite(np.asarray(to_arviz(mcmc, log_likelihood=True)["log_likelihood"]["y"])).all()
+    assert np.isfinite(loo_subsample(mcmc, num_observations=200).elpd_loo)
+
+    for args, jit_args in [((Xn[:-1].copy(), yn[:-1].copy()), False), ((X.copy(), y.copy()), True)]:
+        other = ConstantSGD(model)
+        run(other, *args, jit_model_args=jit_args)
+        assert all(type(a) is np.ndarray for a in other.run_args[0]), (len(args[0]), jit_args)
+
+    Xc, yc = X.copy(), y.copy()
+    centred = ConstantSGD(_centred)
+    draws = run(centred, Xc, yc).get_samples()["w"]
+    assert all(type(a) is np.ndarray for a in centred.run_args[0]) and streaming._kept(Xc)
+    device = run(ConstantSGD(_centred), jnp.asarray(X), jnp.asarray(y)).get_samples()["w"]
+    np.testing.assert_allclose(np.asarray(draws), np.asarray(device), rtol=1e-5, atol=1e-6)
 
 
 def test_a_row_past_the_data_is_an_error_naming_the_array(files):
