@@ -336,11 +336,13 @@ class SGKernel(MCMCKernel):
         vectorized = not is_prng_key(rng_key)
         if not isinstance(num_warmup, int) and not is_tracer(num_warmup):
             num_warmup = int(num_warmup)
+        algorithm = None
         try:
             algorithm = self._setup(rng_key[0] if vectorized else rng_key, model_args, model_kwargs)
         except Exception:
             if not streamed:
                 raise
+        if algorithm is None:  # outside the handler: an error of the model as given is raised on its own
             # the model uses a large array whole (X @ w, X.mean(0)): it stays an array, as it was given
             keep_in_memory(streamed)
             model_args, model_kwargs = streamed_leaves(given, in_memory=False)

@@ -2,7 +2,8 @@
 row-sliceable array, gathered on the host for each minibatch.
 
 A NumPy memmap (``np.load(path, mmap_mode="r")``) passed as a model argument is wrapped in a
-:class:`StreamedRows` by the kernel; :func:`stream` wraps one by hand (a shard directory, a zarr
+:class:`StreamedRows` by the kernel, and so is a large in-memory NumPy array on the CPU
+(:func:`stream_in_memory`); :func:`stream` wraps one by hand (a shard directory, a zarr
 or HDF5 array, or an in-memory NumPy array that should not be copied to the device). The model is
 unchanged: under the subsample plate it indexes ``X[idx]``, and that index becomes a read of the
 minibatch's rows into the compiled step: on the CPU, for a NumPy source (memmap or in-memory),
@@ -115,9 +116,10 @@ class StreamedRows:
     :param source: an object with ``shape``, ``dtype`` and NumPy-style row indexing (NumPy arrays
         and memmaps, :func:`open_shards`, zarr and h5py arrays), rows contiguous in C order.
     :param str name: what error messages call it.
-    :param str reader: ``"auto"`` (default): the rows of a NumPy source whose dtype JAX keeps are
-        read by the native reader (:mod:`~numpyro_sgd.native`, an XLA custom call) on the CPU, the
-        others by a host callback; ``"callback"``: always the host callback.
+    :param str reader: ``"auto"`` (default): the rows of a NumPy source are read by the native
+        reader (:mod:`~numpyro_sgd.native`, an XLA custom call) on the CPU, which narrows 64-bit
+        rows as JAX does without x64, the others by a host callback; ``"callback"``: always the
+        host callback.
     """
 
     def __init__(self, source, name="stream", reader="auto"):

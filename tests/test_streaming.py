@@ -359,6 +359,13 @@ def test_large_in_memory_arrays_are_read_in_place_by_default(files, monkeypatch)
     device = run(ConstantSGD(_centred), jnp.asarray(X), jnp.asarray(y)).get_samples()["w"]
     np.testing.assert_allclose(np.asarray(draws), np.asarray(device), rtol=1e-5, atol=1e-6)
 
+    def broken(X, y):  # an error of the model itself is raised as it is, not the streamed array's
+        raise ValueError("the model's own error")
+
+    with pytest.raises(ValueError, match="the model's own error") as raised:
+        run(ConstantSGD(broken), X.copy(), y.copy())
+    assert raised.value.__context__ is None  # not raised while handling the first trace's error
+
 
 def test_a_row_past_the_data_is_an_error_naming_the_array(files):
     """The native reader checks every row it copies: a row past the data is a runtime error with
