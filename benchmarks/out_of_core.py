@@ -401,7 +401,8 @@ def in_memory(args):
             runs.append(("stream", {"XLA_FLAGS": flags}))
         for mode, env in runs:
             subprocess.run([sys.executable, __file__, "--in-memory", "--mode", mode, "--n", str(args.n),
-                            "--d", str(args.d), "--dtype", args.dtype], check=True, env={**os.environ, **env})
+                            "--d", str(args.d), "--dtype", args.dtype, "--order", args.order], check=True,
+                           env={**os.environ, **env})
         return
     jax.jit(lambda x: x + 1)(1.0)
     base = rss_anon_gib()
@@ -409,6 +410,8 @@ def in_memory(args):
     dtype = np.dtype(args.dtype)  # float64: JAX narrows it to float32 (the native reader as it copies a row)
     X = rng.standard_normal((args.n, args.d), dtype=dtype) / dtype.type(np.sqrt(args.d))
     y = (rng.random(args.n) < 1 / (1 + np.exp(-(X @ rng.normal(size=args.d))))).astype(dtype)
+    if args.order == "F":  # what pandas' DataFrame.to_numpy() gives
+        X = np.asfortranarray(X)
     gib = (X.nbytes + y.nbytes) / 2**30
     with PeakAnon() as memory:
         start = time.perf_counter()
@@ -438,7 +441,8 @@ def in_memory(args):
         jax.block_until_ready(mcmc.get_samples())
         seconds = time.perf_counter() - start
     peak = memory.peak - base
-    print(f"in-memory data, N = {args.n:,}, D = {args.d}, {dtype}, {gib:.2f} GiB: {label}: {seconds:.1f} s; peak RssAnon "
+    layout = ", Fortran order" if args.order == "F" else ""
+    print(f"in-memory data, N = {args.n:,}, D = {args.d}, {dtype}{layout}, {gib:.2f} GiB: {label}: {seconds:.1f} s; peak RssAnon "
           f"{peak:.2f} GiB above the process before the data = {peak / gib:.2f}× the data ({peak - gib:.2f} GiB "
           "beyond one copy)", flush=True)
 
@@ -449,6 +453,8 @@ def main(argv=None):
     parser.add_argument("--d", type=int, default=20)
     parser.add_argument("--dtype", choices=["float32", "float64"], default="float32",
                         help="--in-memory: the arrays' dtype")
+    parser.add_argument("--order", choices=["C", "F"], default="C",
+                        help="--in-memory: X in C or Fortran order (pandas' to_numpy())")
     parser.add_argument("--dir", default="/tmp/numpyro_sgd_out_of_core")
     parser.add_argument("--kernels", nargs="*", default=["ConstantSGD-full", "SGLD-CV"])
     parser.add_argument("--draws", type=int, default=300, help="ConstantSGD-full's draws (about one pass each)")
@@ -464,6 +470,8 @@ def main(argv=None):
         return in_memory(args)
     px, py = write_data(args.dir, args.n, args.d)
     X, y = np.load(px, mmap_mode="r"), np.load(py, mmap_mode="r")
+    if args.order == "F":  # what pandas' DataFrame.to_numpy() gives
+        X = np.asfortranarray(X)
     gib = (X.nbytes + y.nbytes) / 2**30
     print(f"data: {args.dir}, N = {args.n:,}, D = {args.d}, {gib:.2f} GiB on disk (X and y, float32)", flush=True)
     mean, cov, seconds = reference(args.dir, X, y)

@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["CASTS", "available", "can_read", "read_rows", "row_contiguous"]
+__all__ = ["CASTS", "available", "can_read", "element_stride", "read_rows", "row_contiguous", "rows_local"]
 
 _TARGET = "numpyro_sgd_row_gather"
 _SOURCE = Path(__file__).with_name("row_gather.cc")
@@ -123,21 +123,23 @@ def _build_and_register():
 
 def can_read(parts, dtype):
     """Whether the native reader can serve the rows of ``parts`` (NumPy arrays stacked by rows:
-    one array, or the memmaps of a shard directory) as ``dtype`` (the dtype JAX gives them): each
-    row is one contiguous run of bytes, the parts agree in dtype, row shape and row stride, the
+    one array, or the memmaps of a shard directory) as ``dtype`` (the dtype JAX gives them): the
+    elements of a row are evenly spaced (:func:`element_stride`: rows in C order, or a matrix of
+    any strides, Fortran order included), the parts agree in dtype, row shape and strides, the
     dtype is ``dtype`` or narrows to it (:data:`CASTS`), programs run on the CPU and the reader is
     built."""
     if not parts or not all(isinstance(p, np.ndarray) and p.ndim > 0 for p in parts):
         return False
     first = parts[0]
-    if any(p.dtype != first.dtype or p.shape[1:] != first.shape[1:] or p.strides[0] != first.strides[0]
-           for p in parts):
+    layout = element_stride(first)
+    if layout is None or any(p.dtype != first.dtype or p.shape[1:] != first.shape[1:] or p.strides[0] != first.strides[0]
+                             or element_stride(p) != layout for p in parts):
         return False
     same = np.dtype(dtype) == first.dtype
     if not (same or (first.dtype, np.dtype(dtype)) in CASTS) or sum(p.shape[0] for p in parts) == 0 \
             or jax.default_backend() != "cpu":
         return False
-    return all(row_contiguous(p) for p in parts) and available()
+    return available()
 
 
 def row_contiguous(array):
@@ -150,6 +152,23 @@ def row_contiguous(array):
             return False
         expected *= size
     return True
+
+
+def element_stride(array):
+    """The bytes from one element of a row of ``array`` to the next, where a row's elements are
+    evenly spaced (rows in C order, any view of a matrix, a Fortran-order matrix: N × itemsize);
+    None otherwise (a non-contiguous view of three or more dimensions)."""
+    if row_contiguous(array):
+        return array.dtype.itemsize
+    return array.strides[1] if array.ndim == 2 else None
+
+
+def rows_local(array):
+    """Whether each row of ``array`` lies within its own ``|strides[0]|`` bytes, so that reading a
+    row touches only the pages of that row (false for a Fortran-order matrix, whose row is spread
+    over the whole array)."""
+    span = array.dtype.itemsize + sum(abs(st) * (n - 1) for n, st in zip(array.shape[1:], array.strides[1:]) if n > 1)
+    return array.ndim <= 1 or span <= abs(array.strides[0]) or array.shape[0] <= 1
 
 
 def read_rows(parts, idx, name, dtype=None):
@@ -169,9 +188,11 @@ def read_rows(parts, idx, name, dtype=None):
     dtype = first.dtype if dtype is None else np.dtype(dtype)
     convert = 0 if dtype == first.dtype else CASTS[first.dtype, dtype]
     row_bytes = first.dtype.itemsize * int(np.prod(first.shape[1:], dtype=np.int64))
+    elem_stride = element_stride(first)
     call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct(idx.shape + first.shape[1:], dtype),
                             vmap_method="broadcast_all")
     return call(idx, bases=np.array([p.ctypes.data for p in parts], dtype=np.uint64),
                 offsets=np.cumsum([0] + [p.shape[0] for p in parts], dtype=np.int64),
-                stride=np.int64(first.strides[0]), row_bytes=np.int64(row_bytes), convert=np.int64(convert),
-                name=str(name))
+                stride=np.int64(first.strides[0]), row_bytes=np.int64(row_bytes),
+                item_bytes=np.int64(first.dtype.itemsize), elem_stride=np.int64(elem_stride),
+                convert=np.int64(convert), name=str(name))

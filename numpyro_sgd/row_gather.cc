@@ -7,7 +7,9 @@
 // Input: the row indices (int32 or int64, any shape). Result: the rows, in index order.
 // Attributes: bases (one address per part), offsets (the parts' first rows, then the number of
 // rows), stride (bytes from a row to the next within a part; negative for a reversed view),
-// row_bytes (the bytes of one source row, contiguous), convert (0: rows are copied as they are;
+// row_bytes (the bytes of one source row's elements), item_bytes (of one element), elem_stride
+// (bytes from an element of a row to the next: item_bytes for rows in C order, N * item_bytes for
+// a Fortran-order matrix), convert (0: rows are copied as they are;
 // 1: float64 -> float32, 2: int64 -> int32, 3: uint64 -> uint32, the casts JAX applies to such data
 // without jax_enable_x64; a result row is then half a source row) and the array's name for error
 // messages. A run of consecutive indices (a cluster of the cluster law) is copied by one memcpy
@@ -24,35 +26,72 @@ namespace ffi = xla::ffi;
 
 namespace {
 
+// One element of a row: copied, or cast (From -> To) when the rows are narrowed.
+template <typename From, typename To>
+inline void put(const uint8_t* src, uint8_t* dst) {
+  From value;
+  std::memcpy(&value, src, sizeof(From));  // a row need not be aligned
+  const To cast = static_cast<To>(value);
+  std::memcpy(dst, &cast, sizeof(To));
+}
+
+// `rows` rows from src (a row every `stride` bytes, its `elems` elements every `elem_stride`
+// bytes) to packed result rows at dst, element by element, in the order of the source's memory:
+// a row at a time when a row's elements are closer together than the rows (C order), else a
+// column at a time, so that a run of consecutive rows of a Fortran-order matrix is read in order.
+template <typename From, typename To>
+void strided(const uint8_t* src, int64_t rows, int64_t stride, int64_t elems, int64_t elem_stride, uint8_t* dst) {
+  const int64_t out_item = static_cast<int64_t>(sizeof(To));
+  const int64_t out_row = elems * out_item;
+  const auto magnitude = [](int64_t v) { return v < 0 ? -v : v; };
+  if (magnitude(elem_stride) <= magnitude(stride)) {
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t e = 0; e < elems; ++e) put<From, To>(src + r * stride + e * elem_stride, dst + r * out_row + e * out_item);
+    }
+    return;
+  }
+  for (int64_t e = 0; e < elems; ++e) {
+    if (e + 4 < elems) {  // the columns ahead are far apart in memory: ask for their rows early
+      for (int64_t b = 0; b < rows * stride; b += 64) __builtin_prefetch(src + (e + 4) * elem_stride + b);
+    }
+    for (int64_t r = 0; r < rows; ++r) put<From, To>(src + r * stride + e * elem_stride, dst + r * out_row + e * out_item);
+  }
+}
+
 struct Rows {
   ffi::Span<const uint64_t> bases;
   ffi::Span<const int64_t> offsets;
   int64_t stride;
   int64_t row_bytes;
+  int64_t item_bytes;
+  int64_t elem_stride;
   int64_t convert;
   std::string_view name;
 
   int64_t count() const { return offsets[offsets.size() - 1]; }
   int64_t out_row_bytes() const { return convert == 0 ? row_bytes : row_bytes / 2; }
+  bool packed_row() const { return elem_stride == item_bytes || row_bytes == item_bytes; }
 
-  template <typename From, typename To>
-  static void cast_row(const uint8_t* src, uint8_t* dst, int64_t bytes) {
-    const int64_t n = bytes / static_cast<int64_t>(sizeof(From));
-    From value;
-    for (int64_t e = 0; e < n; ++e) {
-      std::memcpy(&value, src + e * sizeof(From), sizeof(From));  // a row need not be aligned
-      const To cast = static_cast<To>(value);
-      std::memcpy(dst + e * sizeof(To), &cast, sizeof(To));
-    }
-  }
-
-  // One source row to one result row (converted when `convert` says so).
-  void copy_row(const uint8_t* src, uint8_t* dst) const {
+  // `rows` rows from src to dst, converted when `convert` says so.
+  void copy_rows(const uint8_t* src, int64_t rows, uint8_t* dst) const {
+    const int64_t elems = row_bytes / item_bytes;
+    // a packed row is one element of row_bytes (no cast) or elements one after the other
+    const int64_t step = packed_row() ? item_bytes : elem_stride;
     switch (convert) {
-      case 1: return cast_row<double, float>(src, dst, row_bytes);
-      case 2: return cast_row<int64_t, int32_t>(src, dst, row_bytes);
-      case 3: return cast_row<uint64_t, uint32_t>(src, dst, row_bytes);
-      default: std::memcpy(dst, src, static_cast<size_t>(row_bytes));
+      case 1: return strided<double, float>(src, rows, stride, elems, step, dst);
+      case 2: return strided<int64_t, int32_t>(src, rows, stride, elems, step, dst);
+      case 3: return strided<uint64_t, uint32_t>(src, rows, stride, elems, step, dst);
+      default: break;
+    }
+    if (packed_row()) {
+      for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * row_bytes, src + r * stride, row_bytes);
+      return;
+    }
+    switch (item_bytes) {
+      case 1: return strided<uint8_t, uint8_t>(src, rows, stride, elems, elem_stride, dst);
+      case 2: return strided<uint16_t, uint16_t>(src, rows, stride, elems, elem_stride, dst);
+      case 4: return strided<uint32_t, uint32_t>(src, rows, stride, elems, elem_stride, dst);
+      default: return strided<uint64_t, uint64_t>(src, rows, stride, elems, elem_stride, dst);
     }
   }
 
@@ -64,13 +103,12 @@ struct Rows {
       const int64_t take = std::min(n, offsets[k + 1] - first);
       const auto* src = reinterpret_cast<const uint8_t*>(static_cast<uintptr_t>(bases[k])) +
                         (first - offsets[k]) * stride;
-      const int64_t out_bytes = out_row_bytes();
-      if (stride == row_bytes && convert == 0) {
+      if (stride == row_bytes && convert == 0 && packed_row()) {
         std::memcpy(dst, src, static_cast<size_t>(take * row_bytes));
       } else {
-        for (int64_t r = 0; r < take; ++r) copy_row(src + r * stride, dst + r * out_bytes);
+        copy_rows(src, take, dst);
       }
-      dst += take * out_bytes;
+      dst += take * out_row_bytes();
       first += take;
       n -= take;
     }
@@ -99,14 +137,16 @@ ffi::Error Gather(const Index* idx, int64_t n, uint8_t* dst, const Rows& rows) {
 }
 
 ffi::Error RowGather(ffi::AnyBuffer idx, ffi::Result<ffi::AnyBuffer> out, ffi::Span<const uint64_t> bases,
-                     ffi::Span<const int64_t> offsets, int64_t stride, int64_t row_bytes, int64_t convert,
-                     std::string_view name) {
-  const Rows rows{bases, offsets, stride, row_bytes, convert, name};
+                     ffi::Span<const int64_t> offsets, int64_t stride, int64_t row_bytes, int64_t item_bytes,
+                     int64_t elem_stride, int64_t convert, std::string_view name) {
+  const Rows rows{bases, offsets, stride, row_bytes, item_bytes, elem_stride, convert, name};
   if (bases.size() == 0 || offsets.size() != bases.size() + 1) {
     return ffi::Error::InvalidArgument(std::string(name) + ": one offset per part and the row count are needed");
   }
-  if (convert < 0 || convert > 3 || (convert != 0 && row_bytes % 8 != 0)) {
-    return ffi::Error::InvalidArgument(std::string(name) + ": unknown conversion of the rows");
+  if (convert < 0 || convert > 3 || (convert != 0 && item_bytes != 8) || item_bytes <= 0 ||
+      row_bytes % item_bytes != 0 || (item_bytes > 8 && elem_stride != item_bytes && row_bytes != item_bytes) ||
+      (item_bytes & (item_bytes - 1)) != 0) {
+    return ffi::Error::InvalidArgument(std::string(name) + ": rows of this layout or conversion cannot be read");
   }
   const int64_t n = static_cast<int64_t>(idx.element_count());
   if (out->size_bytes() != static_cast<size_t>(n * rows.out_row_bytes())) {
@@ -133,5 +173,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(numpyro_sgd_row_gather, RowGather,
                                   .Attr<ffi::Span<const int64_t>>("offsets")
                                   .Attr<int64_t>("stride")
                                   .Attr<int64_t>("row_bytes")
+                                  .Attr<int64_t>("item_bytes")
+                                  .Attr<int64_t>("elem_stride")
                                   .Attr<int64_t>("convert")
                                   .Attr<std::string_view>("name"));

@@ -288,7 +288,8 @@ def test_the_native_reader_narrows_64_bit_rows_as_jax_does(files):
     """Without ``jax_enable_x64`` JAX holds float64, int64 and uint64 data as float32, int32 and
     uint32 (pandas columns and ``np.random`` draws are 64-bit): the native reader casts each row
     as it copies it, in one custom call and no host callback, to exactly the values of NumPy's
-    ``astype``; packed rows, reversed rows (a negative stride) and one column alike."""
+    ``astype``; packed rows, reversed rows (a negative stride), one column, every other column and
+    a Fortran-order matrix (a row's elements N apart) alike."""
     d, X, y = files
     if not stream(X).native:
         pytest.skip("no native reader on this machine (no C++ compiler)")
@@ -299,7 +300,8 @@ def test_the_native_reader_narrows_64_bit_rows_as_jax_does(files):
     jax.config.update("jax_enable_x64", False)
     try:
         for source, narrow in sources:
-            for view in (source, source[::-1], source[:, 1] if source.ndim > 1 else source[::2]):
+            fortran = (np.asfortranarray(source), source[:, ::2]) if source.ndim > 1 else ()
+            for view in (source, source[::-1], source[:, 1] if source.ndim > 1 else source[::2], *fortran):
                 s = stream(view)
                 assert s.native and s.dtype == narrow, (source.dtype, s.dtype)
                 idx = jnp.asarray(rows[rows < view.shape[0]])
@@ -351,6 +353,21 @@ def test_large_in_memory_arrays_are_read_in_place_by_default(files, monkeypatch)
         other = ConstantSGD(model)
         run(other, *args, jit_model_args=jit_args)
         assert all(type(a) is np.ndarray for a in other.run_args[0]), (len(args[0]), jit_args)
+
+    # a Fortran-order matrix (pandas' to_numpy()) is read in place above the size where the law
+    # reads clusters of rows (lowered here to 0), and from a copy in C order below it
+    from numpyro_sgd import indices
+
+    for cluster_bytes in (0, indices.CLUSTER_MIN_DATA_BYTES):
+        monkeypatch.setattr(indices, "CLUSTER_MIN_DATA_BYTES", cluster_bytes)
+        Xf = np.asfortranarray(X)
+        fortran = ConstantSGD(model)
+        draws = run(fortran, Xf, y.copy()).get_samples()["w"]
+        Xs = fortran.run_args[0][0]
+        assert isinstance(Xs, StreamedRows) and Xs.native and Xs.origin is Xf
+        assert (Xs.source is Xf) == (cluster_bytes == 0) and (Xs.source.flags.c_contiguous or cluster_bytes == 0)
+        same_law = run(ConstantSGD(model), jnp.asarray(X), jnp.asarray(y)).get_samples()["w"]  # 0: clusters
+        np.testing.assert_allclose(np.asarray(draws), np.asarray(same_law), rtol=1e-5, atol=1e-6)
 
     Xc, yc = X.copy(), y.copy()
     centred = ConstantSGD(_centred)
