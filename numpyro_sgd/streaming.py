@@ -115,7 +115,9 @@ class StreamedRows:
     (``jnp.asarray(X)``, ``X @ w``) raises: index the rows first.
 
     :param source: an object with ``shape``, ``dtype`` and NumPy-style row indexing (NumPy arrays
-        and memmaps, :func:`open_shards`, zarr and h5py arrays), rows contiguous in C order.
+        and memmaps, :func:`open_shards`, zarr and h5py arrays); a memmap's rows must each lie
+        within their own bytes (C order, not a Fortran-order file), an in-memory array may have
+        any layout.
     :param str name: what error messages call it.
     :param str reader: ``"auto"`` (default): the rows of a NumPy source are read by the native
         reader (:mod:`~numpyro_sgd.native`, an XLA custom call) on the CPU, which narrows 64-bit
