@@ -154,6 +154,10 @@ class StreamedRows:
     def __len__(self):
         return self.shape[0]
 
+    def __setstate__(self, state):  # unpickled: a serial of this process's own (see __repr__)
+        self.__dict__.update(state)
+        self._serial = next(_SERIAL)
+
     def __repr__(self):  # unique: a traced program's text names its callback, and equal text is reused
         return (f"StreamedRows#{self._serial}(shape={self.shape}, dtype={self._source_dtype}, "
                 f"source={type(self.source).__name__})")
