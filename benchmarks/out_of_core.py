@@ -383,7 +383,7 @@ def in_memory(args):
     against the same data moved to JAX arrays (``jit_model_args=True``, the NumPy copy then
     dropped: the device copy and what NumPyro's loop adds), the NumPy arrays given as they are
     to NumPyro's defaults (``--mode numpy``: the kernel reads arrays of 32 MiB or more in place,
-    ``streaming.AUTO_STREAM_BYTES``) and JAX arrays given to NumPyro's defaults (``--mode
+    ``model_args.AUTO_STREAM_BYTES``) and JAX arrays given to NumPyro's defaults (``--mode
     constants``: closed over by the loop as constants, a warning names the two fixes; what NumPy
     arrays cost before the kernels read them in place). One mode per process (``--mode``);
     ``--mode nuts`` runs NumPyro's NUTS on the full-data model and JAX arrays instead, for the
@@ -442,7 +442,8 @@ def in_memory(args):
         seconds = time.perf_counter() - start
     peak = memory.peak - base
     layout = ", Fortran order" if args.order == "F" else ""
-    print(f"in-memory data, N = {args.n:,}, D = {args.d}, {dtype}{layout}, {gib:.2f} GiB: {label}: {seconds:.1f} s; peak RssAnon "
+    print(f"in-memory data, N = {args.n:,}, D = {args.d}, {dtype}{layout}, {gib:.2f} GiB: {label}: {seconds:.1f} s; "
+          "peak RssAnon "
           f"{peak:.2f} GiB above the process before the data = {peak / gib:.2f}× the data ({peak - gib:.2f} GiB "
           "beyond one copy)", flush=True)
 

@@ -22,6 +22,7 @@ from numpyro.infer.initialization import init_to_uniform
 from numpyro.infer.mcmc import MCMCKernel
 from numpyro.util import find_stack_level, is_prng_key
 
+from . import indices
 from .checks import (  # noqa: F401 - the constants are re-exported
     CONSTANT_DATA_WARN_BYTES,
     FULL_DATA_CHECK_MIN_N,
@@ -37,7 +38,7 @@ from .checks import (  # noqa: F401 - the constants are re-exported
     warn_short_run,
 )
 from .loop import iteration, oracle_factory
-from .model_args import python_scalars, restore_scalars
+from .model_args import python_scalars, restore_scalars, setup_with_streams, streamed_leaves, streams_in_memory
 from .potential import (
     MIN_STEPS_PER_PASS,
     AllRows,
@@ -52,7 +53,7 @@ from .programs import ProgramCache
 from .progress import calling_mcmc, calling_mcmc_shows_progress, progress_text, run_with_progress
 from .protocol import SampleBlock, SGAlgorithm, SGState, StepInfo, initial_state, pick_chain  # noqa: F401
 from .sharding import refuse_parallel_chains
-from .streaming import check_memmaps, keep_in_memory, stream_in_memory, streamed_leaves
+from .streaming import check_memmaps
 from .validation import (  # noqa: F401 - re-exported
     DEFAULT_WARMUP_PASSES,
     check_init_params,
@@ -328,25 +329,14 @@ class SGKernel(MCMCKernel):
     def init(self, rng_key, num_warmup, init_params=None, model_args=(), model_kwargs=None):
         model_kwargs = {} if model_kwargs is None else model_kwargs
         check_memmaps(type(self).__name__, model_args, model_kwargs, calling_mcmc())
-        given = model_args, model_kwargs
-        self._in_memory = self._streams_in_memory_data(rng_key)
-        (model_args, model_kwargs), streamed = stream_in_memory(given) if self._in_memory else (given, [])
-        model_args, model_kwargs = streamed_leaves((model_args, model_kwargs), in_memory=False)
         refuse_parallel_chains(type(self).__name__, self._driver.mesh, is_tracer(rng_key))
         vectorized = not is_prng_key(rng_key)
         if not isinstance(num_warmup, int) and not is_tracer(num_warmup):
             num_warmup = int(num_warmup)
-        algorithm = None
-        try:
-            algorithm = self._setup(rng_key[0] if vectorized else rng_key, model_args, model_kwargs)
-        except Exception:
-            if not streamed:
-                raise
-        if algorithm is None:  # outside the handler: an error of the model as given is raised on its own
-            # the model uses a large array whole (X @ w, X.mean(0)): it stays an array, as it was given
-            keep_in_memory(streamed)
-            model_args, model_kwargs = streamed_leaves(given, in_memory=False)
-            algorithm = self._setup(rng_key[0] if vectorized else rng_key, model_args, model_kwargs)
+        self._in_memory = streams_in_memory(self._driver.mesh, rng_key, calling_mcmc())
+        algorithm, (model_args, model_kwargs) = setup_with_streams(
+            (model_args, model_kwargs), self._in_memory, indices.CLUSTER_MIN_DATA_BYTES,
+            lambda args, kwargs: self._setup(rng_key[0] if vectorized else rng_key, args, kwargs))
         if not is_tracer((model_args, model_kwargs)):  # not under pmap (chain_method="parallel")
             self._run_args = (model_args, model_kwargs)
             self._static_args = python_scalars(model_args, model_kwargs)
@@ -369,16 +359,6 @@ class SGKernel(MCMCKernel):
         self._warn_short_run(state, num_warmup)
         self._sample_fn = self.sample
         return state
-
-    def _streams_in_memory_data(self, rng_key):
-        """Whether :meth:`init` reads large in-memory NumPy arguments in place
-        (:func:`~numpyro_sgd.streaming.stream_in_memory`): under NumPyro's default
-        ``jit_model_args=False`` (with ``True`` NumPyro passes them into its loop as device arrays),
-        one process, no ``mesh=`` (which shards device arrays over devices) and no
-        ``chain_method="parallel"`` (a pmap: ``rng_key`` is a tracer)."""
-        mcmc = calling_mcmc()
-        return (self._driver.mesh is None and not is_tracer(rng_key) and jax.process_count() == 1
-                and not getattr(mcmc, "_jit_model_args", False))
 
     def _warn_short_run(self, state, num_warmup):
         """At the end of warmup, for an algorithm that predicts its autocorrelation time from the

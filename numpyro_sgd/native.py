@@ -132,8 +132,8 @@ def can_read(parts, dtype):
         return False
     first = parts[0]
     layout = element_stride(first)
-    if layout is None or any(p.dtype != first.dtype or p.shape[1:] != first.shape[1:] or p.strides[0] != first.strides[0]
-                             or element_stride(p) != layout for p in parts):
+    if layout is None or any(p.dtype != first.dtype or p.shape[1:] != first.shape[1:]
+                             or p.strides[0] != first.strides[0] or element_stride(p) != layout for p in parts):
         return False
     same = np.dtype(dtype) == first.dtype
     if not (same or (first.dtype, np.dtype(dtype)) in CASTS) or sum(p.shape[0] for p in parts) == 0 \
@@ -167,15 +167,17 @@ def rows_local(array):
     """Whether each row of ``array`` lies within its own ``|strides[0]|`` bytes, so that reading a
     row touches only the pages of that row (false for a Fortran-order matrix, whose row is spread
     over the whole array)."""
-    span = array.dtype.itemsize + sum(abs(st) * (n - 1) for n, st in zip(array.shape[1:], array.strides[1:]) if n > 1)
+    span = array.dtype.itemsize + sum(abs(st) * (n - 1)
+                                      for n, st in zip(array.shape[1:], array.strides[1:]) if n > 1)
     return array.ndim <= 1 or span <= abs(array.strides[0]) or array.shape[0] <= 1
 
 
 def read_rows(parts, idx, name, dtype=None):
     """The rows ``idx`` (traced integers of any shape) of ``parts`` stacked by rows (see
     :func:`can_read`), read by the native reader, as a JAX array of ``idx.shape`` + the row
-    shape, in ``dtype`` (default: the parts' own; else one that :data:`CASTS` narrows them to). The parts' addresses are static attributes of the program: the caller keeps ``parts``
-    alive as long as the program (a :class:`~numpyro_sgd.streaming.StreamedRows` holds its
+    shape, in ``dtype`` (default: the parts' own; else one that :data:`CASTS` narrows them to).
+    The parts' addresses are static attributes of the program: the caller keeps ``parts`` alive
+    as long as the program (a :class:`~numpyro_sgd.streaming.StreamedRows` holds its
     source). A row outside the data is a runtime error naming it (the words of
     ``streaming.PAST_THE_DATA``)."""
     if not available():

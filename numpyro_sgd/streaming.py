@@ -3,7 +3,7 @@ row-sliceable array, gathered on the host for each minibatch.
 
 A NumPy memmap (``np.load(path, mmap_mode="r")``) passed as a model argument is wrapped in a
 :class:`StreamedRows` by the kernel, and so is a large in-memory NumPy array on the CPU
-(:func:`stream_in_memory`); :func:`stream` wraps one by hand (a shard directory, a zarr
+(:func:`~numpyro_sgd.model_args.stream_in_memory`); :func:`stream` wraps one by hand (a shard directory, a zarr
 or HDF5 array, or an in-memory NumPy array that should not be copied to the device). The model is
 unchanged: under the subsample plate it indexes ``X[idx]``, and that index becomes a read of the
 minibatch's rows into the compiled step: on the CPU, for a NumPy source (memmap or in-memory),
@@ -24,7 +24,6 @@ import contextlib
 import contextvars
 import itertools
 import os
-import weakref
 
 import jax
 import jax.numpy as jnp
@@ -33,8 +32,8 @@ import numpy as np
 from . import native
 from .native import row_contiguous, rows_local
 
-__all__ = ["StreamedRows", "stream", "open_shards", "streamed_leaves", "streamed_sources", "check_memmaps",
-           "one_read_per_plate", "stream_in_memory", "keep_in_memory", "AUTO_STREAM_BYTES"]
+__all__ = ["StreamedRows", "stream", "open_shards", "streamed_sources", "check_memmaps", "one_read_per_plate",
+           "wrap_memmap"]
 
 _SERIAL = itertools.count()
 
@@ -350,87 +349,7 @@ def stream(source, name=None, reader="auto"):
     return StreamedRows(source, name or "stream", reader)
 
 
-#: In-memory NumPy arrays of at least this many bytes among the model arguments of a kernel's
-#: ``init`` are read in place, like memmaps (:func:`stream_in_memory`), where the native reader
-#: serves them. The same bound as the warning about data compiled in as constants
-#: (``checks.CONSTANT_DATA_WARN_BYTES``): below it, holding the data twice costs little.
-AUTO_STREAM_BYTES = 32 * 2**20
-
-#: ``id(array)`` → the :class:`StreamedRows` :func:`stream_in_memory` made for the in-memory array,
-#: while something (a kernel's kept run arguments or programs) holds it: every later entry point
-#: (``sample``, ``postprocess_fn``, ``to_arviz``, ``loo_subsample``) then reads the same wrapper,
-#: hence the same compiled programs
-_IN_MEMORY = weakref.WeakValueDictionary()
-#: ``id(array)`` → a weak reference to an array the model uses whole (:func:`keep_in_memory`)
-_KEPT = {}
-
-
-def _in_memory_rows(array):
-    rows = _IN_MEMORY.get(id(array))
-    return rows if rows is not None and rows.origin is array else None
-
-
-def _kept(array):
-    ref = _KEPT.get(id(array))
-    return ref is not None and ref() is array
-
-
-def _streams_by_default(x, lengths):
-    """Whether the in-memory array ``x`` is read in place by default: a plain NumPy array (not a
-    memmap, which always is) of at least :data:`AUTO_STREAM_BYTES`, or of as many rows as such an
-    array (``lengths``: e.g. the labels ``y`` beside ``X``), whose rows the native reader serves
-    on this backend, and which no model has used whole."""
-    return (type(x) is np.ndarray and x.ndim >= 1 and (x.nbytes >= AUTO_STREAM_BYTES or x.shape[0] in lengths)
-            and x.dtype.kind in "biuf" and not _kept(x) and native.can_read([x], jax.dtypes.canonicalize_dtype(x.dtype)))
-
-
-def stream_in_memory(tree):
-    """``(tree, wrapped)``: ``tree`` (model arguments) with each large in-memory NumPy array
-    (:func:`_streams_by_default`) replaced by its :class:`StreamedRows`, made once per array, and
-    the arrays so replaced.
-
-    With NumPyro's default ``MCMC(..., jit_model_args=False)`` an array argument is compiled into
-    the sampling loop as a constant: the data are held about four times (measured: 4.4× the data's
-    bytes at N = 2·10⁶, D = 50, float32; ``benchmarks/out_of_core.py --in-memory``). Read in place
-    by the native reader, they are held once (1.3–1.4×), and a step reads its rows as fast as from
-    device memory. The caller (a kernel's ``init``) gives them back with :func:`keep_in_memory`
-    where the model uses one whole (``X @ w``, ``X.mean(0)``).
-
-    A matrix in Fortran order (what pandas' ``DataFrame.to_numpy()`` gives) is read in place
-    too, a row's elements one column at a time: with the cluster law's runs of rows, about 2.5×
-    the time of C order per minibatch (0.42 against 0.17 ms at S = 10⁴, D = 50, clusters of 100
-    rows), but the data are held once. Up to ``indices.CLUSTER_MIN_DATA_BYTES``, where the law
-    reads random rows (each element a separate cache miss: 9× the time of C order), it is read
-    from a copy in C order instead."""
-    from .indices import CLUSTER_MIN_DATA_BYTES  # indices reads streamed arrays: imported here
-
-    wrapped = []
-    lengths = {x.shape[0] for x in jax.tree.leaves(tree) if _in_memory_rows(x) or _streams_by_default(x, ())}
-
-    def wrap(x):
-        if isinstance(x, np.ndarray) and not isinstance(x, np.memmap):
-            rows = _in_memory_rows(x)
-            if rows is None and _streams_by_default(x, lengths):
-                source = x if rows_local(x) or x.nbytes > CLUSTER_MIN_DATA_BYTES else np.ascontiguousarray(x)
-                rows = _IN_MEMORY[id(x)] = StreamedRows(source, f"in-memory argument of shape {x.shape}")
-                rows.origin = x
-            if rows is not None:
-                wrapped.append(x)
-                return rows
-        return x
-
-    return jax.tree.map(wrap, tree), wrapped
-
-
-def keep_in_memory(arrays):
-    """Read ``arrays`` (made :class:`StreamedRows` by :func:`stream_in_memory`) as arrays again,
-    from now on: the model uses them whole."""
-    for x in arrays:
-        _IN_MEMORY.pop(id(x), None)
-        _KEPT[id(x)] = weakref.ref(x, lambda _, key=id(x): _KEPT.pop(key, None))
-
-
-def _wrap_memmap(array):
+def wrap_memmap(array):
     """The memmap's :class:`StreamedRows`, made once and kept on the memmap (a cycle the garbage
     collector frees with it), so that repeated calls hit the same compiled programs."""
     rows = getattr(array, "_numpyro_sgd_rows", None)
@@ -438,18 +357,6 @@ def _wrap_memmap(array):
         rows = StreamedRows(array, f"memory-mapped argument of shape {array.shape}")
         array._numpyro_sgd_rows = rows
     return rows
-
-
-def streamed_leaves(tree, in_memory=True):
-    """``tree`` with every NumPy memmap leaf replaced by its :class:`StreamedRows` (one per memmap)
-    and, with ``in_memory``, every in-memory array that a kernel's ``init`` streamed
-    (:func:`stream_in_memory`) by its own."""
-    def wrap(x):
-        if isinstance(x, np.memmap):
-            return _wrap_memmap(x)
-        return (in_memory and _in_memory_rows(x)) or x if isinstance(x, np.ndarray) else x
-
-    return jax.tree.map(wrap, tree)
 
 
 def streamed_sources(tree):

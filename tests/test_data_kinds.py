@@ -1,5 +1,5 @@
 """Runs on the data users have: JAX arrays, NumPy arrays (small, and large enough that the kernel
-reads them in place: ``streaming.AUTO_STREAM_BYTES``, lowered here), pandas columns and
+reads them in place: ``model_args.AUTO_STREAM_BYTES``, lowered here), pandas columns and
 memory-mapped files.
 
 A fitted kernel's ``model`` (:class:`numpyro_sgd.potential.AllRows`) sets each subsample plate to
@@ -24,7 +24,7 @@ import numpyro.distributions as dist
 import pytest
 from numpyro.infer import MCMC, Predictive, log_likelihood
 
-from numpyro_sgd import ConstantSGD, SGWithinGibbs, StreamedRows, check_run, loo_subsample, native, streaming, to_arviz
+from numpyro_sgd import ConstantSGD, SGWithinGibbs, StreamedRows, check_run, loo_subsample, model_args, native, to_arviz
 
 pd = pytest.importorskip("pandas")
 
@@ -98,7 +98,7 @@ def _cases():
 def test_every_export_on_every_kind_of_data(make, m, kind, tmp_path, monkeypatch):
     x, y = _data(kind, tmp_path)
     if kind == "large-numpy":  # every NumPy array counts as large: both are read in place
-        monkeypatch.setattr(streaming, "AUTO_STREAM_BYTES", 0)
+        monkeypatch.setattr(model_args, "AUTO_STREAM_BYTES", 0)
     mcmc = MCMC(make(m, steps_per_sample=1), num_warmup=60, num_samples=40, num_chains=2,
                 chain_method="vectorized", progress_bar=False)
     mcmc.run(jax.random.key(0), x, y)

@@ -330,13 +330,13 @@ def test_large_in_memory_arrays_are_read_in_place_by_default(files, monkeypatch)
     the same wrapper with the kept programs, and ``to_arviz`` and ``loo_subsample`` read it too.
     Smaller arrays, ``jit_model_args=True`` and a model that uses the array whole (``X.mean(0)``:
     it is then kept as an array for good) keep the arrays as they were given."""
-    from numpyro_sgd import streaming
+    from numpyro_sgd import model_args
 
     d, X, y = files
     Xn, yn = X.copy(), y.copy()
     if not stream(Xn).native:
         pytest.skip("no native reader on this machine (no C++ compiler)")
-    monkeypatch.setattr(streaming, "AUTO_STREAM_BYTES", Xn.nbytes)
+    monkeypatch.setattr(model_args, "AUTO_STREAM_BYTES", Xn.nbytes)
     kernel = ConstantSGD(model)
     mcmc = run(kernel, Xn, yn)
     Xs, ys = kernel.run_args[0]
@@ -372,7 +372,7 @@ def test_large_in_memory_arrays_are_read_in_place_by_default(files, monkeypatch)
     Xc, yc = X.copy(), y.copy()
     centred = ConstantSGD(_centred)
     draws = run(centred, Xc, yc).get_samples()["w"]
-    assert all(type(a) is np.ndarray for a in centred.run_args[0]) and streaming._kept(Xc)
+    assert all(type(a) is np.ndarray for a in centred.run_args[0]) and model_args._kept(Xc)
     device = run(ConstantSGD(_centred), jnp.asarray(X), jnp.asarray(y)).get_samples()["w"]
     np.testing.assert_allclose(np.asarray(draws), np.asarray(device), rtol=1e-5, atol=1e-6)
 
