@@ -471,8 +471,6 @@ def main(argv=None):
         return in_memory(args)
     px, py = write_data(args.dir, args.n, args.d)
     X, y = np.load(px, mmap_mode="r"), np.load(py, mmap_mode="r")
-    if args.order == "F":  # what pandas' DataFrame.to_numpy() gives
-        X = np.asfortranarray(X)
     gib = (X.nbytes + y.nbytes) / 2**30
     print(f"data: {args.dir}, N = {args.n:,}, D = {args.d}, {gib:.2f} GiB on disk (X and y, float32)", flush=True)
     mean, cov, seconds = reference(args.dir, X, y)

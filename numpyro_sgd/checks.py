@@ -16,7 +16,7 @@ import numpy as np
 from numpyro.util import find_stack_level
 
 from .likelihood import log_likelihood_chunks
-from .model_args import is_tracer, split_arrays
+from .model_args import AUTO_STREAM_BYTES, is_tracer, split_arrays
 from .sharding import check_mesh
 from .streaming import streamed_sources
 from .structure import classify_sites, hyper_candidates, support_conflict
@@ -27,7 +27,7 @@ __all__ = ["check_problem_size", "warn_short_blocks", "warn_short_run", "warn_hy
 
 
 #: model arguments larger than this, closed over by the compiled loop, get a warning (32 MiB)
-CONSTANT_DATA_WARN_BYTES = 32 * 2**20
+CONSTANT_DATA_WARN_BYTES = AUTO_STREAM_BYTES
 
 #: an explicit ``steps_per_sample`` below relaxation time / this factor warns at ``init``
 RELAXATION_WARN_FACTOR = 10

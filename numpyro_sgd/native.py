@@ -16,11 +16,12 @@ XLA FFI headers that jaxlib ships (:func:`jax.ffi.include_dir`), into
 ``$XDG_CACHE_HOME/numpyro_sgd`` (default ``~/.cache/numpyro_sgd``), keyed by the source, jaxlib's
 version and the platform; then loaded and registered for the CPU. Where it cannot be built (no
 compiler, no :mod:`jax.ffi`), streamed rows are read by a host callback as before, with one
-warning that says why; on an accelerator (not the CPU) too, without a warning. It reads only
-arrays whose rows are one contiguous run of bytes, in a dtype JAX keeps as it is or in one of the
-64-bit dtypes it narrows without ``jax_enable_x64`` (float64, int64 and uint64 rows become float32,
-int32 and uint32 as they are copied: :data:`CASTS`); the others are read by the callback, which
-converts them.
+warning that says why; on an accelerator (not the CPU) too, without a warning. It reads arrays
+whose row elements are evenly spaced (:func:`element_stride`: rows in C order, any view of a
+matrix, a Fortran-order matrix a column at a time), in a dtype JAX keeps as it is or in one of
+the 64-bit dtypes it narrows without ``jax_enable_x64`` (float64, int64 and uint64 rows become
+float32, int32 and uint32 as they are copied: :data:`CASTS`); the others are read by the
+callback, which converts them.
 """
 
 from __future__ import annotations
