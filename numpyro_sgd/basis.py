@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax.numpy as jnp
-from jax.scipy.linalg import solve_triangular
 
+from .linalg import solve_triangular
 from .noise import apply_preconditioner, regularized_cholesky
 
 __all__ = ["CurvatureBasis", "identity_basis", "curvature_basis", "OracleInBasis", "step_in_basis"]

@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax, random
 
+from .linalg import cho_solve
 from .noise import regularized_cholesky
 from .potential import grad_and_hessian
 
@@ -179,7 +180,7 @@ def newton_centre(oracle, theta, max_steps=MAX_NEWTON_STEPS, tolerance=NEWTON_TO
 
     def direction_at(position, grad):
         hessian = grad_and_hessian(lambda t: oracle.potential_energy(t, batch), position)[1]
-        direction = jax.scipy.linalg.cho_solve((regularized_cholesky(hessian), True), grad)
+        direction = cho_solve(regularized_cholesky(hessian), grad)
         return direction, grad @ direction
 
     def not_done(carry):

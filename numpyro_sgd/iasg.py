@@ -19,10 +19,10 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax.scipy.linalg import cho_solve
 from numpyro.util import find_stack_level
 
 from .base import SampleBlock, SGAlgorithm, SGKernel, StepInfo, pick_chain
+from .linalg import cho_solve, eigvalsh
 from .noise import apply_preconditioner, fisher_curvature, regularized_cholesky, resolve_preconditioner
 from .theory import averaged_variance_shortfall, iasg_validity, iterate_average_covariance
 from .validation import check_choice, check_int, check_number, check_positive
@@ -210,14 +210,14 @@ def iasg(potential, *, step_size=None, window=None, preconditioner="auto", windo
         curvature = fisher_curvature(summary, potential.plates)
         a = curvature / n  # Mandt's A (Hessian of the average loss)
         if preconditioner == "scalar":
-            eig = jnp.linalg.eigvalsh(a)
+            eig = eigvalsh(a)
             h = jnp.ones((), a.dtype)
         elif preconditioner == "diag":
             eig = jnp.ones_like(a)  # diag(A)⁻¹ A with a diagonal A estimate
             h = 1.0 / a
         else:
             eig = jnp.ones(a.shape[0], a.dtype)
-            h = cho_solve((regularized_cholesky(a), True), jnp.eye(a.shape[0], dtype=a.dtype))
+            h = cho_solve(regularized_cholesky(a), jnp.eye(a.shape[0], dtype=a.dtype))
         lo, hi = jnp.min(eig), jnp.max(eig)
         default = jnp.minimum(step_product / lo, 1.0 / hi)  # ε = min(u*/λ_min, 1/λ_max)
         eps = default if step_size is None else state.user_step_size

@@ -29,7 +29,8 @@ from typing import Callable, NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
-from jax.scipy.linalg import cho_solve
+
+from .linalg import cho_solve, cholesky, eigh, eigvalsh
 
 __all__ = [
     "exponential_step_size",
@@ -221,7 +222,7 @@ def regularized_cholesky(matrix):
     condition number 10⁷), shrinking the sampled variance there by a factor 3.
     """
     delta = max(1e-10, 10 * float(jnp.finfo(matrix.dtype).eps))
-    return jnp.linalg.cholesky(matrix + delta * jnp.diag(jnp.diagonal(matrix)))
+    return cholesky(matrix + delta * jnp.diag(jnp.diagonal(matrix)))
 
 
 def effective_curvature(summary, plates, without_replacement=False, ratio=None):
@@ -270,7 +271,7 @@ def kl_optimal_shape(kind, noise, num_data, batch_size):
         return n / jnp.sqrt(s * _floored_diagonal(noise))
     if kind == "full":
         chol = regularized_cholesky(noise)
-        return n**2 / s * cho_solve((chol, True), jnp.eye(noise.shape[0], dtype=noise.dtype))
+        return n**2 / s * cho_solve(chol, jnp.eye(noise.shape[0], dtype=noise.dtype))
     raise ValueError(f"unknown preconditioner {kind!r}; choose one of {PRECONDITIONERS}.")
 
 
@@ -324,7 +325,7 @@ def psd_factor(matrix):
     0; works for singular matrices, unlike a Cholesky factor), or √max(v, 0) for a diagonal v."""
     if matrix.ndim == 1:
         return jnp.sqrt(jnp.maximum(matrix, 0.0))
-    w, v = jnp.linalg.eigh(0.5 * (matrix + matrix.T))
+    w, v = eigh(0.5 * (matrix + matrix.T))
     return v * jnp.sqrt(jnp.maximum(w, 0.0))
 
 
@@ -358,7 +359,7 @@ def sgfs_preconditioner(kind, noise, ratio, max_precond=jnp.inf):
         dim = noise.shape[0]
         if max_precond is None:  # no cap, and a PSD ``noise`` (the caller's promise): no O(D³) eigenvalues
             return regularized_cholesky(ratio * noise), jnp.zeros(dim, noise.dtype)
-        lam_min = jnp.linalg.eigvalsh(noise)[0]
+        lam_min = eigvalsh(noise)[0]
         delta = jnp.maximum(0.0, 2.0 / max_precond - ratio * lam_min)
         m = ratio * noise + delta * jnp.eye(dim, dtype=noise.dtype)
         return regularized_cholesky(m), jnp.full(dim, delta, noise.dtype)
@@ -369,7 +370,7 @@ def sgfs_direction(factor, vector):
     """2 M⁻¹ v with M given by :func:`sgfs_preconditioner` (Cholesky solve, no inverse)."""
     if factor.ndim == 1:
         return 2.0 * vector / factor
-    return 2.0 * cho_solve((factor, True), vector)
+    return 2.0 * cho_solve(factor, vector)
 
 
 # ---------------------------------------------------------------------------- default step sizes
@@ -422,7 +423,7 @@ def _top_eigenvalue(matrix, scale=None):
     matrix = _scaled(matrix, scale)
     if matrix.ndim == 1:
         return jnp.max(matrix)
-    return jnp.linalg.eigvalsh(0.5 * (matrix + matrix.T))[-1]
+    return eigvalsh(0.5 * (matrix + matrix.T))[-1]
 
 
 class Spectrum(NamedTuple):
@@ -452,7 +453,7 @@ def curvature_spectrum(matrix, scale=None):
     matrix = _scaled(matrix, scale)
     if matrix.ndim == 1:
         return Spectrum(jnp.min(matrix), jnp.max(matrix), jnp.argmin(matrix).astype(jnp.int32))
-    values, vectors = jnp.linalg.eigh(0.5 * (matrix + matrix.T))
+    values, vectors = eigh(0.5 * (matrix + matrix.T))
     return Spectrum(values[0], values[-1], jnp.argmax(jnp.abs(vectors[:, 0])).astype(jnp.int32))
 
 
@@ -607,7 +608,7 @@ def santa_step_size(noise, curvature, num_data, target_inflation=TARGET_INFLATIO
         root = jnp.sqrt(g)
         scaled = root[:, None] * noise * root[None, :]
         off = scaled - jnp.diag(jnp.diagonal(scaled))
-        h = jnp.minimum(h, 2.0 * num_data * target_inflation / jnp.max(jnp.abs(jnp.linalg.eigvalsh(off))))
+        h = jnp.minimum(h, 2.0 * num_data * target_inflation / jnp.max(jnp.abs(eigvalsh(off))))
     omega = jnp.sqrt(jnp.maximum(_top_eigenvalue(curvature, g**2), 0.0) / num_data)
     h = jnp.minimum(h, max_omega_h / omega)                                                      # bound 3
     return _positive_or_nan(h**2), q_diag / num_data**2, g * h + h**2 * b
@@ -642,9 +643,9 @@ def relaxation_steps(preconditioner, hessian, steps_per_pass, slack=RELAXATION_S
         ``max_passes``·⌈N/S⌉); ⌈N/S⌉ also where μ_min is not finite and positive (A estimated
         where it is not positive definite: no trustworthy time scale).
     """
-    factor = jnp.linalg.cholesky(0.5 * (preconditioner + preconditioner.T))
+    factor = cholesky(0.5 * (preconditioner + preconditioner.T))
     similar = factor.T @ (0.5 * (hessian + hessian.T)) @ factor          # eigenvalues of P A
-    mu_min = jnp.linalg.eigvalsh(similar)[0]
+    mu_min = eigvalsh(similar)[0]
     wanted = 2.0 / mu_min
     usable = jnp.isfinite(wanted) & (mu_min > 0) & (wanted > slack * steps_per_pass)
     k = jnp.where(usable, jnp.minimum(jnp.ceil(wanted), max_passes * steps_per_pass), steps_per_pass)

@@ -48,7 +48,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from jax import lax, random
-from jax.scipy.linalg import cho_solve
 from numpyro.util import find_stack_level
 
 from .basis import CurvatureBasis, OracleInBasis, curvature_basis, identity_basis, step_in_basis  # noqa: F401
@@ -62,6 +61,7 @@ from .control_variates import (
     newton_centre,
     unset_control,
 )
+from .linalg import cho_solve, cholesky, eigh, inv
 from .noise import (
     NOISE_ESTIMATORS,
     NoiseState,
@@ -281,7 +281,7 @@ def noise_warmup(potential, full, name, *, keep_hessian=False, **options):
         # a generous jitter (relative to the mean diagonal) damps the warmup step in poorly
         # resolved directions; the frozen preconditioner uses the scale-invariant one
         jitter = 1e-6 * jnp.trace(second) / second.shape[0] * jnp.eye(second.shape[0], dtype=second.dtype)
-        return jnp.linalg.cholesky(second + prior + jitter)
+        return cholesky(second + prior + jitter)
 
     def to_mode_region(theta, ws, oracle):
         """At the hand-over from Adam: Newton steps on a fixed minibatch of B rows when the Newton
@@ -356,7 +356,7 @@ def noise_warmup(potential, full, name, *, keep_hessian=False, **options):
         # the mode: M⁻¹ḡ = Q⁻¹ḡ / (1 + ḡᵀQ⁻¹ḡ) (Sherman–Morrison), fast along correlated valleys.
         # The full M is factorised at each refresh only; a step solves with the factor, O(D²).
         if full:
-            direction = cho_solve((ws.factor, True), grad)
+            direction = cho_solve(ws.factor, grad)
         else:
             direction = grad / (ws.second_moment + ws.prior_curvature)
         sgd_delta = -jnp.clip(2.0 * direction, -ws.max_step, ws.max_step)
@@ -419,7 +419,7 @@ def newton_decrement(potential_fn, theta):
     10⁻⁷ of the largest; Dauphin et al. 2014): ``λ² = gᵀ|H|⁻¹g`` is the squared distance to the
     minimum in the units of the curvature (posterior sds, for a potential), whatever the units of θ."""
     grad, hessian = grad_and_hessian(potential_fn, theta)
-    values, vectors = jnp.linalg.eigh(0.5 * (hessian + hessian.T))
+    values, vectors = eigh(0.5 * (hessian + hessian.T))
     values = jnp.abs(values)
     values = jnp.maximum(values, 1e-7 * jnp.max(values))
     delta = vectors @ ((vectors.T @ grad) / values)
@@ -598,7 +598,7 @@ def _centre_and_noise(theta, state, oracle, full, without_replacement):
     centre, passes = newton_centre(oracle, theta)
     hessian = psd_part(curvature_at(oracle, centre.position, curvature_rows(oracle)))
     # the posterior's scale at the centre (Laplace), where the noise and the non-linearity are measured
-    scale = jnp.linalg.cholesky(jnp.linalg.inv(hessian)) if full else 1.0 / jnp.sqrt(jnp.diagonal(hessian))
+    scale = cholesky(inv(hessian)) if full else 1.0 / jnp.sqrt(jnp.diagonal(hessian))
     noise, nonlinearity = control_variate_noise(oracle, centre, scale, random.key(0), rows=curvature_rows(oracle))
     if without_replacement:
         (plate,) = oracle.plates

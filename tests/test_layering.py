@@ -19,7 +19,9 @@ PACKAGE = pathlib.Path(numpyro_sgd.__file__).parent
 
 #: the layers, lowest first; a module may import package modules of lower layers only
 LAYERS = [
-    # leaves: no package imports
+    # dense linear algebra that never runs batched (no package imports)
+    {"linalg"},
+    # leaves: no package imports but linalg
     {"validation", "noise", "theory", "schedules", "diffusions", "index_chain", "arviz_compat", "datasets",
      "protocol", "native", "replay", "programs", "progress"},
     # data read in place (uses the native row reader)
