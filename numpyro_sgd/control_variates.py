@@ -114,10 +114,9 @@ def check_single_plate(name, potential):
 
 def fixed_rows(oracle, rows, seed):
     """``{plate: int32[m·S]}``: m = ⌈rows/S⌉ minibatches drawn by the oracle's law with the fixed
-    key ``seed``, joined (their potential is scaled by N/(m·S): an unbiased estimate of U)."""
-    m = max(1, -(-rows // oracle.batch_size))
-    stacked = jax.vmap(oracle.draw)(random.split(random.PRNGKey(seed), m))
-    return {name: idx.reshape(-1) for name, idx in stacked.items()}
+    key ``seed``, joined as the oracle joins them (on a mesh, each device's rows in its block;
+    their potential is scaled by N/(m·S): an unbiased estimate of U)."""
+    return oracle.fixed_batch(rows, seed, max_batches=None)
 
 
 def curvature_rows(oracle):
@@ -133,18 +132,21 @@ def curvature_at(oracle, theta, rows=CURVATURE_ROWS):
 
 
 def full_potential_and_grad(oracle, theta, chunk_size=CHUNK_ROWS):
-    """(U(θ), ∇U(θ)) over every row of the model's one subsample plate, in blocks of
+    """(U(θ), ∇U(θ)) over every row of the model's one subsample plate, in blocks of about
     ``chunk_size`` rows: Σ_c (K_c/N) Û_{K_c}(θ) for blocks K_c (each block's potential carries the
-    prior and the scale N/K_c, so the weights K_c/N sum the prior once and every row once).
+    prior and the scale N/K_c, so the weights K_c/N sum the prior once and every row once). On a
+    mesh every block takes ``chunk_size``/k rows of each of the k devices' own shards
+    (``oracle.shard_rows``), so each device reads only its rows and one all-reduce sums a block.
     Memory O(chunk_size · D)."""
     (plate,) = oracle.plates
-    n = plate.size
-    c = min(chunk_size, n)
-    num_full, rest = divmod(n, c)
+    n, k = plate.size, oracle.num_shards
+    rows = n // k
+    c = max(1, min(chunk_size // k, rows))
+    num_full, rest = divmod(rows, c)
 
     def block(start, size):
-        pe, grad = oracle.potential_and_grad(theta, {plate.name: start + jnp.arange(size, dtype=jnp.int32)})
-        return pe * (size / n), grad * (size / n)
+        pe, grad = oracle.potential_and_grad(theta, oracle.shard_rows(start, size))
+        return pe * (k * size / n), grad * (k * size / n)
 
     pes, grads = lax.map(lambda k: block(k * c, c), jnp.arange(num_full, dtype=jnp.int32))
     pe, grad = jnp.sum(pes), jnp.sum(grads, axis=0)

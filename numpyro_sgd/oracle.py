@@ -114,15 +114,31 @@ class MinibatchOracle:
         h = jax.hessian(self.prior_potential)(theta)
         return jnp.diagonal(h) if diagonal else h
 
-    def fixed_batch(self, rows=HESSIAN_ROWS):
-        """Indices of m = ⌈rows/S⌉ (at most 16) minibatches drawn with a fixed key, joined into one
-        minibatch of m·S_p rows per plate (the plate's scale becomes N_p/(m·S_p)): the same rows for
-        every chain and every call, drawn from nothing of the chain's key stream, so what is
-        estimated on them leaves a run's draws as they were. ``Û_B = potential_energy(θ,
-        fixed_batch())`` is an unbiased estimate of U(θ) and a deterministic function of θ."""
-        m = max(1, min(16, -(-rows // self.batch_size)))
-        stacked = jax.vmap(self.draw)(random.split(random.PRNGKey(HESSIAN_SEED), m))
+    def fixed_batch(self, rows=HESSIAN_ROWS, seed=HESSIAN_SEED, max_batches=16):
+        """Indices of m = ⌈rows/S⌉ (at most ``max_batches``; None: no cap) minibatches drawn with
+        the fixed key ``seed``, joined into one minibatch of m·S_p rows per plate (the plate's
+        scale becomes N_p/(m·S_p)): the same rows for every chain and every call, drawn from
+        nothing of the chain's key stream, so what is estimated on them leaves a run's draws as
+        they were. ``Û_B = potential_energy(θ, fixed_batch())`` is an unbiased estimate of U(θ)
+        and a deterministic function of θ."""
+        m = max(1, -(-rows // self.batch_size))
+        m = m if max_batches is None else min(max_batches, m)
+        stacked = jax.vmap(self.draw)(random.split(random.PRNGKey(seed), m))
         return self._join_batches(stacked)
+
+    @property
+    def num_shards(self):
+        """k: the rows of the one subsample plate are walked as k equal shards (1 here; the
+        devices of a :class:`~numpyro_sgd.sharding.DataParallelOracle`), see :meth:`shard_rows`."""
+        return 1
+
+    def shard_rows(self, start, size):
+        """``{plate: int32[k·size]}``: rows ``start … start + size − 1`` of each of the
+        :attr:`num_shards` shards of the one subsample plate (a block of a full-data pass; its
+        potential is scaled by N/(k·size), so blocks weighted k·size/N sum to U). ``start`` may be
+        traced, ``size`` is static."""
+        (plate,) = self.plates
+        return {plate.name: start + jnp.arange(size, dtype=jnp.int32)}
 
     def _join_batches(self, stacked):
         """``{plate: int32[m, S]}`` → ``{plate: int32[m·S]}``."""

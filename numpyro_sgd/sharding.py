@@ -141,6 +141,18 @@ class DataParallelOracle(MinibatchOracle):
         idx = (local + rows * jnp.arange(k, dtype=local.dtype)[:, None]).reshape(-1)
         return {self.plate.name: idx}
 
+    @property
+    def num_shards(self):
+        """k, the devices of the mesh axis: a full-data pass walks every device's own rows."""
+        return self.shards
+
+    def shard_rows(self, start, size):
+        """Rows ``start … start + size − 1`` of every device's shard, device d's in its block."""
+        rows = self.plate.size // self.shards
+        local = start + jnp.arange(size, dtype=jnp.int32)
+        idx = local[None, :] + rows * jnp.arange(self.shards, dtype=jnp.int32)[:, None]
+        return {self.plate.name: idx.reshape(-1)}
+
     def _join_batches(self, stacked):
         """``{plate: int32[m, S]}`` → ``{plate: int32[m·S]}`` with device d's m·S/k rows in its block."""
         (idx,) = stacked.values()

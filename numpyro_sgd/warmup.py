@@ -600,9 +600,10 @@ def _centre_and_noise(theta, state, oracle, full, without_replacement):
     # the posterior's scale at the centre (Laplace), where the noise and the non-linearity are measured
     scale = cholesky(inv(hessian)) if full else 1.0 / jnp.sqrt(jnp.diagonal(hessian))
     noise, nonlinearity = control_variate_noise(oracle, centre, scale, random.key(0), rows=curvature_rows(oracle))
-    if without_replacement:
+    if without_replacement:  # drawn without replacement within each of the k shards (one off a mesh)
         (plate,) = oracle.plates
-        noise = noise * ((plate.size - plate.subsample_size) / max(plate.size - 1, 1))
+        rows, per = plate.size // oracle.num_shards, plate.subsample_size // oracle.num_shards
+        noise = noise * ((rows - per) / max(rows - 1, 1))
     state = state._replace(control=ControlState(centre, nonlinearity, passes, jnp.zeros((), bool)))
     return state, (noise if full else jnp.diagonal(noise)), (hessian if full else jnp.diagonal(hessian))
 

@@ -239,3 +239,61 @@ def test_data_parallel_gradients_keep_python_scalar_arguments(two_devices):
 def _exact_mean():
     y = np.random.default_rng(0).normal(1.0, 1.0, size=1_000).astype(np.float32).astype(np.float64)
     return y.sum() / (y.size + 1 / 100)  # prior N(0, 10²), unit noise
+
+
+CV_SCRIPT = textwrap.dedent(r"""
+    import json
+    import numpy as np, jax, jax.numpy as jnp, numpyro, numpyro.distributions as dist
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from numpyro.infer import MCMC
+    from numpyro.diagnostics import effective_sample_size
+    from numpyro_sgd import SGLD
+
+    assert jax.device_count() == 2, jax.devices()
+    N, D = 20_000, 5
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(N, D))
+    X[:, 0] = 1.0
+    y = (rng.random(N) < 1 / (1 + np.exp(-X @ np.array([1.2, -0.5, 0.3, 0.8, -1.0])))).astype(np.float64)
+    # the Laplace reference in float64: Newton to the mode of the N(0, 1)-prior logistic regression
+    w = np.zeros(D)
+    for _ in range(30):
+        p = 1 / (1 + np.exp(-X @ w))
+        hessian = (X * (p * (1 - p))[:, None]).T @ X + np.eye(D)
+        w = w - np.linalg.solve(hessian, X.T @ (p - y) + w)
+    sd = np.sqrt(np.diag(np.linalg.inv(hessian)))
+
+    def model(X, y):
+        w = numpyro.sample("w", dist.Normal(0, 1).expand([D]).to_event(1))
+        with numpyro.plate("data", N, subsample_size=200) as idx:
+            numpyro.sample("y", dist.Bernoulli(logits=X[idx] @ w), obs=y[idx])
+
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    args = tuple(jax.device_put(a.astype(np.float32), NamedSharding(mesh, P("data"))) for a in (X, y))
+    mcmc = MCMC(SGLD(model, control_variates=True, mesh=mesh), num_warmup=300, num_samples=500, num_chains=2,
+                chain_method="vectorized", progress_bar=False, jit_model_args=True)
+    mcmc.run(jax.random.key(0), *args)
+    draws = np.asarray(mcmc.get_samples(group_by_chain=True)["w"], np.float64)
+    print("RESULT" + json.dumps(dict(
+        error=((draws.mean((0, 1)) - w) / sd).tolist(), ratio=(draws.reshape(-1, D).std(0) / sd).tolist(),
+        ess=effective_sample_size(draws).tolist())))
+""")
+
+
+def test_control_variates_on_two_devices_match_the_laplace_posterior():
+    """``SGLD(model, control_variates=True, mesh=mesh)`` over 2 devices (each holding and reading
+    its own 10,000 rows for the centre's full-data passes, its fixed curvature rows and the
+    minibatches) against the float64 Laplace posterior of a logistic regression (N = 20,000,
+    D = 5): every mean within 0.15 posterior sd and every sd within 15 %. At ESS ≳ 500 the Monte
+    Carlo error is ≤ 0.045 sd in a mean and ≤ 3.2 % in an sd (1/√(2 ESS)); the default step allows
+    ≤ 5 % sd inflation and the Laplace approximation is off by O(N^-½) ≈ 1 % of an sd here, so
+    these bounds hold at more than 3 standard errors. Before the full-data pass walked each
+    device's own rows, the mesh run was 3.9 sd off with sds 33 % too large, and no message."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip())
+    proc = subprocess.run([sys.executable, "-c", CV_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT"))[len("RESULT"):])
+    assert min(out["ess"]) > 300, out
+    assert max(abs(e) for e in out["error"]) < 0.15, out
+    assert max(abs(r - 1) for r in out["ratio"]) < 0.15, out
