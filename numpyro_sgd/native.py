@@ -12,9 +12,11 @@ file) against 0.68 s with the rows read by one host callback a step (2.68×) and
 arrays in device memory (``docs/results/out_of_core.md``).
 
 The handler is compiled on first use, with the C++ compiler ``$CXX`` (default ``c++``) and the
-XLA FFI headers that jaxlib ships (:func:`jax.ffi.include_dir`), into
-``$XDG_CACHE_HOME/numpyro_sgd`` (default ``~/.cache/numpyro_sgd``), keyed by the source, jaxlib's
-version and the platform; then loaded and registered for the CPU. Where it cannot be built (no
+XLA FFI headers that jaxlib ships (:func:`jax.ffi.include_dir`), into :func:`cache_dir`
+(``$NUMPYRO_SGD_CACHE``, default ``~/.cache/numpyro_sgd``, a folder private to the user), keyed
+by the source, jaxlib's version and the platform, with the sha256 of the library recorded beside
+it; then verified against that record, loaded and registered for the CPU. A cached library that
+is not private, or not the one recorded, is never loaded. Where it cannot be built (no
 compiler, no :mod:`jax.ffi`), streamed rows are read by a host callback as before, with one
 warning that says why; on an accelerator (not the CPU) too, without a warning. It reads arrays
 whose row elements are evenly spaced (:func:`element_stride`: rows in C order, any view of a
@@ -41,7 +43,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["CASTS", "available", "can_read", "element_stride", "read_rows", "row_contiguous", "rows_local"]
+__all__ = ["CACHE_ENV", "CASTS", "UnsafeCache", "available", "cache_dir", "can_read", "element_stride", "library_key",
+           "read_rows", "row_contiguous", "rows_local"]
 
 _TARGET = "numpyro_sgd_row_gather"
 _SOURCE = Path(__file__).with_name("row_gather.cc")
@@ -53,44 +56,136 @@ _state = {}  # "ok": bool, "why": str, "lib": the loaded library (kept alive)
 _building = threading.Lock()  # one build and registration per process, whichever thread traces first
 
 
-def _cache_dir():
+#: the environment variable that moves the compiled reader's cache folder
+CACHE_ENV = "NUMPYRO_SGD_CACHE"
+
+
+class UnsafeCache(RuntimeError):
+    """The cache folder, or a file in it, could be written by someone else: nothing there is loaded."""
+
+
+class _NotRecorded(RuntimeError):
+    """A cached library that is missing or differs from its record: not loaded, built again."""
+
+
+def cache_dir():
+    """The folder the compiled reader is kept in: ``$NUMPYRO_SGD_CACHE`` if set, else
+    ``$XDG_CACHE_HOME/numpyro_sgd`` (default ``~/.cache/numpyro_sgd``); where that cannot be
+    created or written (and the variable is not set), ``<tmpdir>/numpyro_sgd-<uid>``. It is created
+    with mode 0700, and used only when it is a folder owned by this user that neither group nor
+    others can write (:class:`UnsafeCache` otherwise, naming the folder and the fix)."""
+    explicit = os.environ.get(CACHE_ENV)
+    if explicit:
+        return _private_dir(Path(explicit))
     root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    path = Path(root) / "numpyro_sgd"
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = tempfile.NamedTemporaryFile(dir=path, delete=True)
-        probe.close()
-        return path
+        return _private_dir(Path(root) / "numpyro_sgd")
+    except UnsafeCache:
+        raise
     except OSError:
-        path = Path(tempfile.gettempdir()) / f"numpyro_sgd-{os.getuid() if hasattr(os, 'getuid') else 'user'}"
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+        return _private_dir(Path(tempfile.gettempdir()) / f"numpyro_sgd-{_uid()}")
 
 
-def _build():
-    """The path of the compiled handler, compiling it once per source, jaxlib and platform. Two
-    processes compiling at once each write their own file and rename it into place."""
+def _uid():
+    return os.getuid() if hasattr(os, "getuid") else None
+
+
+def _check_private(path, what):
+    """Raise :class:`UnsafeCache` unless ``path`` (not followed if a link, and followed) is owned
+    by this user and not writable by group or others."""
+    uid = _uid()
+    for st in (os.lstat(path), os.stat(path)):
+        if uid is not None and st.st_uid != uid:
+            raise UnsafeCache(f"the {what} {path} is owned by user id {st.st_uid}, not by this user ({uid})")
+        if st.st_mode & 0o022:
+            raise UnsafeCache(f"the {what} {path} can be written by group or others (mode {st.st_mode & 0o777:o})")
+
+
+def _private_dir(path):
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not path.is_dir():
+        raise UnsafeCache(f"the cache folder {path} is not a folder")
+    _check_private(path, "cache folder")
+    tempfile.NamedTemporaryFile(dir=path, delete=True).close()  # writable (OSError otherwise)
+    return path
+
+
+def _digest(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+def library_key():
+    """The cache key of the reader: a hash of its source, jaxlib's version and the platform."""
     import jaxlib
 
-    source = _SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([source, jaxlib.__version__.encode(), platform.machine().encode(),
-                                     sys.platform.encode()])).hexdigest()[:16]
-    library = _cache_dir() / f"row_gather-{key}.so"
-    if library.exists():
-        return library
+    return _digest(b"\0".join([_SOURCE.read_bytes(), jaxlib.__version__.encode(), platform.machine().encode(),
+                               sys.platform.encode()]))[:16]
+
+
+def _compile(folder, key):
+    """Compile the reader into ``folder``: the library is written under a temporary name and
+    renamed to ``row_gather-<key>-<its sha256>.so``, then the record ``row_gather-<key>.sha256``,
+    which names it, is written the same way. Two processes compiling at once each rename complete
+    files into place, so a reader of the record always finds the library it names."""
     compiler = os.environ.get("CXX", "c++")
-    partial = library.with_name(f"{library.name}.{os.getpid()}.tmp")
+    partial = folder / f"row_gather-{key}.{os.getpid()}.tmp"
     command = [compiler, "-O2", "-std=c++17", "-shared", "-fPIC", f"-I{jax.ffi.include_dir()}", str(_SOURCE),
                "-o", str(partial)]
     if sys.platform == "darwin":
         command.insert(1, "-undefined")
         command.insert(2, "dynamic_lookup")
-    done = subprocess.run(command, capture_output=True, text=True)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True)
+    except OSError as e:  # no compiler
+        raise RuntimeError(f"{compiler} could not be run ({e}); install a C++17 compiler (g++ or clang++, or "
+                           "set CXX)") from None
     if done.returncode != 0:
         partial.unlink(missing_ok=True)
         raise RuntimeError(f"{' '.join(command)} failed: {done.stderr.strip()[-500:]}")
+    os.chmod(partial, 0o700)
+    digest = _digest(partial.read_bytes())
+    library = folder / f"row_gather-{key}-{digest}.so"
     os.replace(partial, library)
+    record = folder / f"row_gather-{key}.sha256.{os.getpid()}.tmp"
+    record.write_text(digest)
+    os.replace(record, folder / f"row_gather-{key}.sha256")
     return library
+
+
+def _cached(folder, key):
+    """The cached library of ``key`` when its record names it and its bytes have that sha256;
+    None when nothing is cached; :class:`UnsafeCache` when a file is not private; ``_NotRecorded``
+    when the library is missing or does not match its record (a corrupt or foreign file)."""
+    record = folder / f"row_gather-{key}.sha256"
+    if not record.exists():
+        return None
+    _check_private(record, "record")
+    digest = record.read_text().strip()
+    library = folder / f"row_gather-{key}-{digest}.so"
+    if not library.exists():
+        raise _NotRecorded(f"{record} names {library.name}, which is missing")
+    _check_private(library, "library")
+    if _digest(library.read_bytes()) != digest:
+        raise _NotRecorded(f"{library} does not match the sha256 recorded when it was built")
+    return library
+
+
+def _load():
+    """Load the cached reader, verified (:func:`_cached`), compiling it when there is none. A
+    cached one that fails to verify or to load is removed and compiled again, once; the second
+    failure is raised."""
+    folder, key = cache_dir(), library_key()
+    for attempt in range(2):
+        try:
+            library = _cached(folder, key) or _compile(folder, key)
+            return ctypes.cdll.LoadLibrary(str(library))
+        except (_NotRecorded, OSError) as e:  # OSError: the dynamic loader refused the file
+            if attempt:
+                raise
+            warnings.warn(f"numpyro_sgd: the cached native row reader was not loaded ({e}); it is built again.",
+                          stacklevel=5)
+            for stale in folder.glob(f"row_gather-{key}*"):
+                stale.unlink(missing_ok=True)
 
 
 def available():
@@ -111,15 +206,21 @@ def _build_and_register():
             raise RuntimeError(f"jax {jax.__version__} has no jax.ffi")
         if sys.platform.startswith("win"):
             raise RuntimeError("it is built only on Linux and macOS")
-        lib = ctypes.cdll.LoadLibrary(str(_build()))
+        lib = _load()
         jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(lib.numpyro_sgd_row_gather), platform="cpu")
         _state.update(ok=True, lib=lib, why="")
     except Exception as e:  # any failure leaves the host-callback reader, which is always correct
         _state.update(ok=False, why=str(e))
+        if isinstance(e, UnsafeCache):
+            fix = (f"Remove it or make it private (chmod 700, owned by you), or set {CACHE_ENV} to a folder only "
+                   "you can write.")
+        elif "compiler" in str(e) or "failed:" in str(e):
+            fix = "Install a C++17 compiler (g++ or clang++, or set CXX) to use it."
+        else:
+            fix = f"Clear its cache ({CACHE_ENV}, default ~/.cache/numpyro_sgd) to build it again."
         warnings.warn(
-            f"numpyro_sgd: the native row reader could not be built ({e}); streamed rows are read by a "
-            "Python host callback instead, correct but about twice as slow a data pass. Install a C++17 "
-            "compiler (g++ or clang++, or set CXX) to use it.", stacklevel=4)
+            f"numpyro_sgd: the native row reader is not used ({e}); streamed rows are read by a Python host "
+            f"callback instead, correct but about twice as slow a data pass. {fix}", stacklevel=4)
 
 
 def can_read(parts, dtype):
