@@ -274,14 +274,16 @@ def rows_local(array):
     return array.ndim <= 1 or span <= abs(array.strides[0]) or array.shape[0] <= 1
 
 
-def read_rows(parts, idx, name, dtype=None):
+def read_rows(parts, idx, name, dtype=None, files=()):
     """The rows ``idx`` (traced integers of any shape) of ``parts`` stacked by rows (see
     :func:`can_read`), read by the native reader, as a JAX array of ``idx.shape`` + the row
     shape, in ``dtype`` (default: the parts' own; else one that :data:`CASTS` narrows them to).
     The parts' addresses are static attributes of the program: the caller keeps ``parts`` alive
     as long as the program (a :class:`~numpyro_sgd.streaming.StreamedRows` holds its
     source). A row outside the data is a runtime error naming it (the words of
-    ``streaming.PAST_THE_DATA``)."""
+    ``streaming.PAST_THE_DATA``). ``files``: the :class:`~numpyro_sgd.streaming.FileStamp` of the
+    memory-mapped files behind ``parts``; a file that changed since is a runtime error naming it
+    (compared at most every 10 ms, as the callback reader does)."""
     if not available():
         raise RuntimeError(f"{name}: the native row reader is not built ({_state['why']}); read the rows with "
                            "StreamedRows(..., reader='callback').")
@@ -299,4 +301,6 @@ def read_rows(parts, idx, name, dtype=None):
                 offsets=np.cumsum([0] + [p.shape[0] for p in parts], dtype=np.int64),
                 stride=np.int64(first.strides[0]), row_bytes=np.int64(row_bytes),
                 item_bytes=np.int64(first.dtype.itemsize), elem_stride=np.int64(elem_stride),
-                convert=np.int64(convert), name=str(name))
+                convert=np.int64(convert), name=str(name), files="\n".join(f.path for f in files),
+                file_stamps=np.array([(f.size, f.mtime_ns, f.inode, f.needed) for f in files],
+                                     dtype=np.int64).reshape(-1))

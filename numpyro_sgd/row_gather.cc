@@ -12,13 +12,22 @@
 // a Fortran-order matrix), convert (0: rows are copied as they are;
 // 1: float64 -> float32, 2: int64 -> int32, 3: uint64 -> uint32, the casts JAX applies to such data
 // without jax_enable_x64; a result row is then half a source row) and the array's name for error
-// messages. A run of consecutive indices (a cluster of the cluster law) is copied by one memcpy
+// messages; and the memory-mapped files behind the parts as the run found them (files: their
+// paths, one per line; file_stamps: size, modification time in ns, inode and the bytes the
+// mapping needs, four int64 per file), compared with the files at most every 10 ms, so that a
+// file changed under a run stops it with an error naming the file instead of giving wrong rows or
+// a SIGBUS at the next read of a truncated page. A run of consecutive indices (a cluster of the cluster law) is copied by one memcpy
 // per part it spans when rows are packed (stride == row_bytes) and not converted.
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -115,6 +124,58 @@ struct Rows {
   }
 };
 
+// What changed in a file since its stamp ("" when nothing did), as numpyro_sgd.streaming._changed says it.
+std::string Changed(const std::string& path, const int64_t* stamp) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return "it can no longer be read";
+#ifdef __APPLE__
+  const int64_t mtime = static_cast<int64_t>(st.st_mtimespec.tv_sec) * 1000000000 + st.st_mtimespec.tv_nsec;
+#else
+  const int64_t mtime = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+#endif
+  const int64_t size = static_cast<int64_t>(st.st_size);
+  if (static_cast<int64_t>(st.st_ino) != stamp[2]) return "another file now has its path (it was replaced)";
+  if (size < stamp[3]) {
+    return "it is " + std::to_string(size) + " bytes, shorter than the " + std::to_string(stamp[3]) +
+           " mapped (it was truncated)";
+  }
+  if (size != stamp[0]) return "its size went from " + std::to_string(stamp[0]) + " to " + std::to_string(size) + " bytes";
+  if (mtime != stamp[1]) return "it was written to (its modification time changed)";
+  return "";
+}
+
+// Compare the files of a source (keyed by its first part's address) with their stamps, at most
+// every 10 ms per source: an error naming the first file that changed, or success.
+ffi::Error CheckFiles(uint64_t key, std::string_view paths, ffi::Span<const int64_t> stamps, std::string_view name) {
+  if (paths.empty()) return ffi::Error::Success();
+  static std::mutex mutex;
+  static std::unordered_map<uint64_t, int64_t> last;
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::steady_clock::now().time_since_epoch()).count();
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = last.find(key);
+    if (it != last.end() && now - it->second < 10000000) return ffi::Error::Success();
+    last[key] = now;
+  }
+  size_t start = 0;
+  for (size_t k = 0; start <= paths.size() && 4 * k + 3 < stamps.size(); ++k) {
+    size_t end = paths.find('\n', start);
+    if (end == std::string_view::npos) end = paths.size();
+    const std::string path(paths.substr(start, end - start));
+    const std::string why = Changed(path, stamps.begin() + 4 * k);
+    if (!why.empty()) {
+      return ffi::Error::InvalidArgument(
+          std::string(name) + ": the file " + path + " changed since the run opened it: " + why +
+          ". Its rows are no longer the ones the run read, and a memory-mapped file that shrinks kills the "
+          "process that reads it (SIGBUS). Open it again (np.load(path, mmap_mode='r')) and pass the new array; "
+          "to change the data while a run reads them, write a new file and keep the old one, or run from a copy.");
+    }
+    start = end + 1;
+  }
+  return ffi::Error::Success();
+}
+
 template <typename Index>
 ffi::Error Gather(const Index* idx, int64_t n, uint8_t* dst, const Rows& rows) {
   const int64_t count = rows.count();
@@ -138,11 +199,13 @@ ffi::Error Gather(const Index* idx, int64_t n, uint8_t* dst, const Rows& rows) {
 
 ffi::Error RowGather(ffi::AnyBuffer idx, ffi::Result<ffi::AnyBuffer> out, ffi::Span<const uint64_t> bases,
                      ffi::Span<const int64_t> offsets, int64_t stride, int64_t row_bytes, int64_t item_bytes,
-                     int64_t elem_stride, int64_t convert, std::string_view name) {
+                     int64_t elem_stride, int64_t convert, std::string_view name, std::string_view files,
+                     ffi::Span<const int64_t> file_stamps) {
   const Rows rows{bases, offsets, stride, row_bytes, item_bytes, elem_stride, convert, name};
   if (bases.size() == 0 || offsets.size() != bases.size() + 1) {
     return ffi::Error::InvalidArgument(std::string(name) + ": one offset per part and the row count are needed");
   }
+  if (ffi::Error checked = CheckFiles(bases[0], files, file_stamps, name); checked.failure()) return checked;
   if (convert < 0 || convert > 3 || (convert != 0 && item_bytes != 8) || item_bytes <= 0 ||
       row_bytes % item_bytes != 0 || (item_bytes > 8 && elem_stride != item_bytes && row_bytes != item_bytes) ||
       (item_bytes & (item_bytes - 1)) != 0) {
@@ -176,4 +239,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(numpyro_sgd_row_gather, RowGather,
                                   .Attr<int64_t>("item_bytes")
                                   .Attr<int64_t>("elem_stride")
                                   .Attr<int64_t>("convert")
-                                  .Attr<std::string_view>("name"));
+                                  .Attr<std::string_view>("name")
+                                  .Attr<std::string_view>("files")
+                                  .Attr<ffi::Span<const int64_t>>("file_stamps"));

@@ -23,7 +23,10 @@ array.
 import contextlib
 import contextvars
 import itertools
+import mmap
 import os
+import time
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -33,7 +36,7 @@ from . import native
 from .native import row_contiguous, rows_local
 
 __all__ = ["StreamedRows", "stream", "open_shards", "streamed_sources", "check_memmaps", "one_read_per_plate",
-           "wrap_memmap"]
+           "wrap_memmap", "FileStamp", "file_stamps", "check_files", "FILE_CHECK_SECONDS"]
 
 _SERIAL = itertools.count()
 
@@ -77,6 +80,84 @@ def _read_together(arrays, idx):
     one way a streamed array is read inside a program)."""
     specs = tuple(jax.ShapeDtypeStruct(idx.shape + a.shape[1:], a.dtype) for a in arrays)
     return jax.pure_callback(lambda i: tuple(a.gather(i) for a in arrays), specs, idx, vmap_method="expand_dims")
+
+
+class FileStamp(NamedTuple):
+    """A memory-mapped file as a run found it: what a later check compares with (:func:`check_files`)."""
+
+    #: the file's path
+    path: str
+    #: its size in bytes, modification time (ns) and inode number
+    size: int
+    mtime_ns: int
+    inode: int
+    #: the bytes the file must hold for the mapping to be read (the mapped range's end)
+    needed: int
+
+
+#: the native reader and the host callback compare a streamed file with its stamp at most this
+#: often while a run reads it (a stat of each file; a step takes 0.1–1 ms)
+FILE_CHECK_SECONDS = 0.01
+
+
+def _mapping_end(array):
+    """The end, in bytes from the start of the file, of the mapping a NumPy memmap reads (None for
+    an array that maps no file)."""
+    base = array
+    while base is not None and not isinstance(base, mmap.mmap):
+        base = getattr(base, "base", None)
+    if base is None:
+        return None
+    offset = int(getattr(array, "offset", 0) or 0)
+    try:
+        return offset - offset % mmap.ALLOCATIONGRANULARITY + len(base)
+    except ValueError:  # a closed mapping
+        return None
+
+
+def _stamp(array):
+    path = getattr(array, "filename", None)
+    end = _mapping_end(array) if path else None
+    if end is None:
+        return None
+    st = os.stat(path)
+    return FileStamp(os.fspath(path), st.st_size, st.st_mtime_ns, st.st_ino, end)
+
+
+def file_stamps(source):
+    """The :class:`FileStamp` of every memory-mapped file behind ``source`` (a memmap, the shards
+    of :func:`open_shards`; none for an in-memory array, zarr or HDF5), taken now."""
+    parts = source.arrays if isinstance(source, _Shards) else [source]
+    return tuple(stamp for stamp in map(_stamp, parts) if stamp is not None)
+
+
+def _changed(stamp):
+    """What changed in the file of ``stamp`` since it was taken ("" when nothing did)."""
+    try:
+        st = os.stat(stamp.path)
+    except OSError as e:
+        return f"it can no longer be read ({e.strerror})"
+    if st.st_ino != stamp.inode:
+        return "another file now has its path (it was replaced)"
+    if st.st_size < stamp.needed:
+        return f"it is {st.st_size:,} bytes, shorter than the {stamp.needed:,} mapped (it was truncated)"
+    if st.st_size != stamp.size:
+        return f"its size went from {stamp.size:,} to {st.st_size:,} bytes"
+    if st.st_mtime_ns != stamp.mtime_ns:
+        return "it was written to (its modification time changed)"
+    return ""
+
+
+def check_files(stamps, name, when="since the run opened it"):
+    """Raise a ValueError naming the first file of ``stamps`` that changed (:func:`_changed`) and the fix."""
+    for stamp in stamps:
+        why = _changed(stamp)
+        if why:
+            raise ValueError(
+                f"{name}: the file {stamp.path} changed {when}: {why}. Its rows are no longer the ones the run "
+                "read, and a memory-mapped file that shrinks kills the process that reads it (SIGBUS). Open it "
+                "again (np.load(path, mmap_mode='r')) and pass the new array; to change the data while a run "
+                "reads them, write a new file and keep the old one, or run from a copy.")
 
 
 def _check_source(source, name):
@@ -134,6 +215,10 @@ class StreamedRows:
         self.dtype = jax.dtypes.canonicalize_dtype(self._source_dtype)
         self._serial = next(_SERIAL)
         self.origin = source  # the array the user gave (stream_in_memory may read a copy of it in C order)
+        #: the memory-mapped files behind the rows as they were when wrapped (:class:`FileStamp`)
+        self.files = file_stamps(source)
+        check_files(self.files, name, "since it was memory-mapped")
+        self._checked = 0.0  # when the callback reader last compared the files with their stamps
 
     @property
     def native(self):
@@ -163,6 +248,9 @@ class StreamedRows:
 
     def gather(self, idx):
         """``source[idx]`` on the host, for an integer array ``idx`` of any shape."""
+        if self.files and time.monotonic() - self._checked > FILE_CHECK_SECONDS:
+            check_files(self.files, self.name)
+            self._checked = time.monotonic()
         idx = np.asarray(idx)
         flat = idx.reshape(-1).astype(np.int64, copy=False)
         n = self.shape[0]
@@ -201,14 +289,16 @@ class StreamedRows:
             if read is not None and read[0] is rows and id(self) in read[1]:
                 out = read[1][id(self)]  # read with the plate's other arrays (one_read_per_plate)
             elif self.native:
-                out = native.read_rows(self._parts(), idx, self.name, self.dtype)
+                out = native.read_rows(self._parts(), idx, self.name, self.dtype, self.files)
             else:
                 (out,) = _read_together([self], idx)
             return out[(slice(None),) * idx.ndim + rest] if rest else out
         if isinstance(self.source, np.ndarray):
             view = self.source[key]
             if np.ndim(view) >= 1 and not isinstance(rows, (int, np.integer)):
-                return StreamedRows(view, self.name, self.reader)
+                out = StreamedRows(view, self.name, self.reader)
+                out.files = self.files  # a view reads the parent's mapping: the stamps the run took
+                return out
             return jnp.asarray(view)
         return jnp.asarray(np.asarray(self.source[key]))
 
@@ -370,10 +460,17 @@ def check_memmaps(name, model_args, model_kwargs, mcmc):
     ``MCMC(..., jit_model_args=True)`` passes every argument into NumPyro's compiled loop, which
     converts a memmap to one device array (the whole file, and its loop keeps another copy).
     A :class:`StreamedRows` (:func:`stream`) has no array leaves and passes either way. Each
-    memmap is checked for what the streamed reader needs (:func:`_check_source`)."""
+    memmap is checked for what the streamed reader needs (:func:`_check_source`), and every
+    memory-mapped file, wrapped or not, against its stamp (:func:`check_files`: a file truncated
+    since an earlier run of the same array would kill this one with SIGBUS at its first read)."""
     memmaps = [x for x in jax.tree.leaves((model_args, model_kwargs)) if isinstance(x, np.memmap)]
     for m in memmaps:
-        _check_source(m, f"{name}: memory-mapped argument of shape {m.shape}")
+        label = f"{name}: memory-mapped argument of shape {m.shape}"
+        _check_source(m, label)
+        wrapped = getattr(m, "_numpyro_sgd_rows", None)
+        check_files(file_stamps(m) if wrapped is None else wrapped.files, label)
+    for rows in streamed_sources((model_args, model_kwargs)):
+        check_files(rows.files, f"{name}: {rows.name}")
     if memmaps and mcmc is not None and getattr(mcmc, "_jit_model_args", False):
         size = sum(m.nbytes for m in memmaps)
         raise ValueError(

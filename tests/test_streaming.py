@@ -416,3 +416,43 @@ def test_without_a_compiler_the_callback_reads_with_one_warning(files, tmp_path,
         pytest.skip("no native reader on this machine (no C++ compiler) to compare with")
     np.testing.assert_allclose(np.asarray(fallback), np.asarray(run(ConstantSGD(model), Xs, ys).get_samples()["w"]),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_a_file_truncated_between_runs_is_an_error_not_a_sigbus(files, tmp_path):
+    """The same MCMC object run again after its memory-mapped file was truncated: a ValueError
+    naming the file, the cause and the fix, raised before any row is read (reading the lost pages
+    would kill the process with SIGBUS). A file written to between runs is named the same way."""
+    d, X, y = files
+    for change, words in (("truncate", "it is .* bytes, shorter than the .* mapped \\(it was truncated\\)"),
+                          ("write", "it was written to")):
+        shutil.copy(d / "X.npy", tmp_path / "X.npy")
+        Xm, ym = np.load(tmp_path / "X.npy", mmap_mode="r"), np.load(d / "y.npy", mmap_mode="r")
+        mcmc = run(ConstantSGD(model), Xm, ym)
+        jax.block_until_ready(mcmc.last_state)  # the run's program has read its last rows (dispatch is async)
+        if change == "truncate":
+            with open(tmp_path / "X.npy", "r+b") as f:
+                f.truncate(os.path.getsize(tmp_path / "X.npy") // 2)
+        else:
+            os.utime(tmp_path / "X.npy", ns=(0, os.stat(tmp_path / "X.npy").st_mtime_ns + 10**9))
+        with pytest.raises(ValueError, match=f"the file {tmp_path / 'X.npy'} changed since the run opened it: "
+                                             f"{words}.*Open it again"):
+            mcmc.run(jax.random.key(1), Xm, ym)
+
+
+@pytest.mark.parametrize("reader", ["auto", "callback"])
+def test_a_file_changed_while_a_program_reads_it_stops_the_run(files, tmp_path, reader):
+    """Inside a compiled program (the native reader, or the host callback), a streamed file whose
+    modification time or size changed since it was wrapped is an error naming the file the next
+    time its rows are read after the reader's 10 ms check interval, not rows of another file."""
+    d, X, _ = files
+    shutil.copy(d / "X.npy", tmp_path / "X.npy")
+    Xs = stream(tmp_path / "X.npy", reader=reader)
+    read = jax.jit(lambda i: Xs[i])
+    np.testing.assert_array_equal(read(jnp.arange(5)), X[:5])
+    os.utime(tmp_path / "X.npy", ns=(0, os.stat(tmp_path / "X.npy").st_mtime_ns + 10**9))
+    import time
+
+    time.sleep(0.05)
+    with pytest.raises(Exception, match=f"the file {tmp_path / 'X.npy'} changed since the run opened it: it was "
+                                        "written to"):
+        np.asarray(read(jnp.arange(5)))
