@@ -37,6 +37,7 @@ from .checks import (  # noqa: F401 - the constants are re-exported
     warn_short_blocks,
     warn_short_run,
 )
+from .discovery import checked_run, index_probe
 from .loop import iteration, oracle_factory
 from .model_args import python_scalars, restore_scalars, setup_with_streams, streamed_leaves, streams_in_memory
 from .potential import (
@@ -97,11 +98,10 @@ class SGKernel(MCMCKernel):
         if not callable(model):
             raise TypeError(f"{name}: `model` must be a NumPyro model (a callable), got {type(model).__name__}.")
         self._model = model
-        self._driver = driver_options(name, self.supports_mesh, self.supports_clusters, steps_per_sample=steps_per_sample,
-                                      subsample=subsample, warmup_subsample=warmup_subsample,
-                                      init_strategy=init_strategy, subsample_size=subsample_size,
-                                      warmup_passes=warmup_passes, mesh=mesh, mesh_axis=mesh_axis,
-                                      cluster_size=cluster_size)
+        self._driver = driver_options(
+            name, self.supports_mesh, self.supports_clusters, steps_per_sample=steps_per_sample, subsample=subsample,
+            warmup_subsample=warmup_subsample, init_strategy=init_strategy, subsample_size=subsample_size,
+            warmup_passes=warmup_passes, mesh=mesh, mesh_axis=mesh_axis, cluster_size=cluster_size)
         self._steps_per_sample = self._driver.steps_per_sample or 1  # resolved when the model is traced
         self._warmup_steps_per_iteration = self._steps_per_sample
         self._per_data = {}  # what was found in the data: {what: (key, arrays kept alive, value)}
@@ -265,8 +265,8 @@ class SGKernel(MCMCKernel):
     # ------------------------------------------------------------------ protocol
     def _setup(self, rng_key, model_args, model_kwargs):
         self._potential = SubsampledPotential.from_model(
-            self._model, model_args, model_kwargs, rng_key=rng_key,
-            init_strategy=self._driver.init_strategy, kernel_name=type(self).__name__, subsample_size=self._driver.subsample_size,
+            self._model, model_args, model_kwargs, rng_key=rng_key, init_strategy=self._driver.init_strategy,
+            kernel_name=type(self).__name__, subsample_size=self._driver.subsample_size,
             min_steps_per_pass=self.min_steps_per_pass,
         )
         if self.supports_clusters and self._driver.subsample == "with_replacement":
@@ -276,7 +276,8 @@ class SGKernel(MCMCKernel):
             shards = 1 if self._driver.mesh is None else dict(self._driver.mesh.shape).get(self._driver.mesh_axis, 1)
             sizes = self._once_per_data("cluster sizes", model_args, model_kwargs, self._potential.plates,
                                         lambda: resolve_cluster_sizes(self._potential, model_args, model_kwargs,
-                                                                      self._driver.cluster_size, type(self).__name__, shards))
+                                                                      self._driver.cluster_size, type(self).__name__,
+                                                                      shards))
             self._potential = self._potential.with_cluster_sizes(sizes)
         self._algorithm = alg = self._own_algorithm(self._potential)
         if alg.block.summarises and self._driver.steps_per_sample is not None:
@@ -361,11 +362,9 @@ class SGKernel(MCMCKernel):
         return state
 
     def _warn_short_run(self, state, num_warmup):
-        """At the end of warmup, for an algorithm that predicts its autocorrelation time from the
-        steps warmup chose (``SampleBlock.relaxation``: the Langevin kernels' default steps), warn
-        when the calling ``MCMC``'s ``num_samples`` are too few for it (``checks.warn_short_run``).
-        It reads the post-warmup state, so Python waits for warmup to finish before NumPyro
-        compiles the sampling loop (no overlap of the two); the other kernels pay nothing."""
+        """At the end of warmup, when the algorithm predicts its autocorrelation time
+        (``SampleBlock.relaxation``), warn when the calling ``MCMC``'s ``num_samples`` are too few
+        for it (``checks.warn_short_run``); Python then waits for warmup before NumPyro compiles."""
         relaxation = self._get_algorithm().block.relaxation
         if relaxation is None or is_tracer((state.kernel_state, num_warmup)) or num_warmup == 0:
             return
@@ -377,22 +376,28 @@ class SGKernel(MCMCKernel):
         warn_short_run(type(self).__name__, relaxation(state.kernel_state), mcmc.num_samples, self._block_steps())
 
     def _compiled_init(self, init_chains, rng_key, init_params, model_args, model_kwargs, num_warmup_steps):
-        """``init_chains(rng_key, init_params, model_args, model_kwargs)`` as one compiled program.
+        """``init_chains(rng_key, init_params, model_args, model_kwargs)`` as one compiled program,
+        with JAX's index checks of the potential at the plates' ends (``discovery.index_probe``:
+        an index past the data, ``X[idx + 1]``, is refused here, where JAX would clamp it).
 
         Run op by op, the initial point, potential and kernel state cost dozens of small XLA
-        compilations (measured: 3.4 s at D = 50, two chains; one program: 1 s). The array
-        arguments are passed in, never XLA constants. The program is kept for the next
-        :meth:`init` with the same arguments (arrays by identity; they are kept alive with it),
-        the same number of chains and the same ``num_warmup_steps`` and ``init_params`` structure. Under ``pmap``
-        (``chain_method="parallel"``) it is simply called: it is traced already.
+        compilations (measured: 3.4 s at D = 50, two chains; one program: 1 s). The arrays are
+        passed in, never XLA constants. The program is kept for the next :meth:`init` with the
+        same arguments (arrays by identity, kept alive with it), chains, ``num_warmup_steps`` and
+        ``init_params`` structure. Under ``pmap`` (``chain_method="parallel"``) it is simply called.
         """
         if is_tracer((rng_key, init_params, model_args, model_kwargs)):
             return init_chains(rng_key, init_params, model_args, model_kwargs)
         arrays, rebuild, key = split_arrays(model_args, model_kwargs)
         key = (key, num_warmup_steps, jax.tree.structure(init_params), jnp.shape(rng_key))  # shape: chains
-        program = self._init_program.get(
-            key, lambda: lambda rng_key, init_params, arrays: init_chains(rng_key, init_params, *rebuild(arrays)), arrays)
-        return program(rng_key, init_params, arrays)
+        potential = self._potential
+
+        def program(rng_key, init_params, arrays):
+            args, kwargs = rebuild(arrays)
+            return init_chains(rng_key, init_params, args, kwargs), index_probe(potential, args, kwargs)
+
+        compiled = self._init_program.get(key, lambda: program, arrays)
+        return checked_run(lambda: compiled(rng_key, init_params, arrays), potential, model_args, model_kwargs)
 
     def postprocess_fn(self, model_args, model_kwargs):
         potential = self.potential
@@ -427,16 +432,12 @@ class SGKernel(MCMCKernel):
     def _warmup(self, state, num_warmup, model_args, model_kwargs):
         """Run the ``num_warmup`` warmup iterations inside :meth:`init`, as a program of their own.
 
-        NumPyro compiles the kernel's :meth:`sample` into one loop over warmup and sampling
-        iterations (and compiles it again for each of ``mcmc.warmup`` and ``mcmc.run``), so a
-        :meth:`sample` that could warm up would carry every warmup step, ``end_warmup`` and its
-        curvature estimates into each of those programs. Here warmup is compiled once, and the
-        returned state passes NumPyro's warmup iterations through unchanged
-        (``idle_iterations``): the program NumPyro compiles holds only the sampling step, the
-        rejection guard and the counters. The program is kept for the next :meth:`init` with the
-        same arguments. When the calling ``MCMC`` shows a progress bar, warmup runs in about 20
-        calls of the same program with a bar of its own. Under ``pmap``
-        (``chain_method="parallel"``) the loop is part of NumPyro's traced init.
+        NumPyro compiles :meth:`sample` into one loop over warmup and sampling iterations (once
+        for each of ``mcmc.warmup`` and ``mcmc.run``); a :meth:`sample` that warmed up would carry
+        every warmup step and ``end_warmup`` into each. Here warmup is compiled once (kept for the
+        next :meth:`init` with the same arguments), and the returned state passes NumPyro's warmup
+        iterations through (``idle_iterations``). With a progress bar, warmup runs in about 20
+        calls of the program with a bar of its own. Under ``pmap`` it is part of NumPyro's init.
         """
         if self._plain_burn_in() or (not is_tracer(num_warmup) and num_warmup == 0):
             return state

@@ -155,7 +155,7 @@ def site_plates(site, plate_names):
 
 
 @contextlib.contextmanager
-def _quiet_callback_errors():
+def quiet_callback_errors():
     """JAX logs a failing host callback at ERROR level before raising; the plate check expects one."""
     logger = logging.getLogger("jax._src.callback")
     level = logger.level
@@ -166,40 +166,106 @@ def _quiet_callback_errors():
         logger.setLevel(level)
 
 
+#: what a row index of an N-row data array may be, on every path (the words of every message):
+#: a streamed array raises at the read, and the driver's init program checks JAX arrays at every
+#: plate's first and last index (:func:`index_probe`), where JAX alone would clamp
+INDEX_RULE = "Every path indexes as NumPy does: a row i of an N-row array needs -N <= i < N"
+
+
+def _probe_indices(potential):
+    """``{plate: [0, 0, …, N − 1]}``: every subsample plate's first and last index, in a minibatch
+    of the plate's S rows (the shape the potential is traced at anyway: no trace of its own)."""
+    return {q.name: jnp.zeros(q.subsample_size, jnp.int32).at[-1].set(q.size - 1) for q in potential.plates}
+
+
+def index_probe(potential, model_args, model_kwargs):
+    """JAX's index checks (``checkify``) on the minibatch potential at every plate's first and last
+    index (:func:`_probe_indices`): the ``checkify`` error, to be read on the host by
+    :func:`raise_index_error`. Traceable: the driver evaluates it inside its compiled init
+    program, so that it costs no program of its own. Returns ``(error, potential)``: a caller
+    inside a program keeps the potential as an output, so that a streamed array's reads (whose
+    reader raises on its own) are not dropped as unused."""
+    return checkify.checkify(potential.potential, errors=checkify.index_checks)(
+        jnp.zeros(potential.dim), _probe_indices(potential), model_args, model_kwargs)
+
+
+def checked_run(run, potential, model_args, model_kwargs):
+    """``run()``'s first output, a program that also returns :func:`index_probe`'s ``(error,
+    potential)``, once the probe is read: an index past the data raises
+    (:func:`raise_index_error`), from JAX's index checks or from a streamed read."""
+    with quiet_callback_errors():
+        try:
+            out, (error, probed) = run()
+            jax.block_until_ready(probed)  # where a streamed read past the data fails
+            message = error.get()
+        except Exception as e:  # a streamed read past the data (the native reader, the callback)
+            message = past_the_data(e)
+            if message is None:
+                raise
+    raise_index_error(potential, message, model_args, model_kwargs)
+    return out
+
+
+def past_the_data(error):
+    """The words of a streamed read past the data in an exception (StreamedRows.gather, the native
+    reader), or None when ``error`` is something else."""
+    found = re.search(rf"row -?\d+ {PAST_THE_DATA} \d+ rows", str(error))
+    return found.group(0) if found else None
+
+
+def raise_index_error(potential, message, model_args, model_kwargs):
+    """Raise the ValueError for an out-of-range index of the data (``message``: JAX's index check,
+    or :func:`past_the_data`'s words; nothing when empty): a plate larger than the data it indexes,
+    or an index the model shifts past them (``X[idx + 1]``), named with :data:`INDEX_RULE`."""
+    if not message:
+        return
+    arrays = split_arrays(model_args, model_kwargs)[0]
+    lengths = [d for a in arrays for d in np.shape(a)[:1]] + [len(r) for r in streamed_sources((model_args,
+                                                                                              model_kwargs))]
+    message = message.strip().rstrip(".")
+    read = re.search(r"with size (\d+)|data with (\d+) rows", message)  # the length of the array read past
+    limit = int(next(g for g in read.groups() if g)) if read else max(lengths, default=None)
+    larger = [p for p in potential.plates if limit is not None and p.size > limit]
+    if larger:
+        p = larger[0]
+        raise ValueError(
+            f"{potential.kernel_name}: plate '{p.name}' has size {p.size}, but the data it indexes are shorter "
+            f"({message}): minibatch indices up to {p.size - 1} would read past the data, which "
+            f"JAX clamps silently. Declare the plate with the data's length, e.g. "
+            f"numpyro.plate('{p.name}', X.shape[0], subsample_size=...)."
+        )
+    ends = ", ".join(f"'{q.name}': 0 and {q.size - 1}" for q in potential.plates)
+    raise ValueError(
+        f"{potential.kernel_name}: the model reads its data outside their rows at the plates' first and last "
+        f"indices ({ends}): {message}. {INDEX_RULE}, a streamed array raises, and JAX would clamp such "
+        "an index silently (the last row read again). Index the data with the plate's own indices (X[idx]); "
+        "to read a neighbouring row, take it modulo the length (X[(idx + 1) % N]) or pass it as its own column."
+    )
+
+
 def check_plate_sizes(potential, model_args, model_kwargs):
     """Raise when a subsample plate is larger than the data it indexes: its indices would run
     past the data, and JAX clamps out-of-range gathers silently (the last row repeated).
 
     Cheap first: a plate no larger than some dimension of an array argument (or than a streamed
-    argument's rows), and no larger than any streamed argument, passes. Otherwise
-    (a larger plate, or data closed over by the model) the minibatch potential is evaluated once
-    at the plate's last index with JAX's index checks (``checkify``), which sees every gather.
+    argument's rows), and no larger than any streamed argument, passes; the driver's init
+    program then checks the plates' ends (:func:`index_probe`). Otherwise (a larger plate, or
+    data closed over by the model) :func:`index_probe` is evaluated here, before any compute.
     """
     arrays = split_arrays(model_args, model_kwargs)[0]
     streams = streamed_sources((model_args, model_kwargs))
     largest = max([d for a in arrays for d in np.shape(a)] + [len(r) for r in streams], default=0)
-    for p in potential.plates:
-        if p.size <= largest and all(len(r) >= p.size for r in streams):
-            continue
-        idx = {q.name: jnp.full((1,), q.size - 1 if q.name == p.name else 0, jnp.int32) for q in potential.plates}
-        theta = jnp.zeros(potential.dim)
-        with warnings.catch_warnings(), _quiet_callback_errors():
-            warnings.simplefilter("ignore")
-            try:
-                error, _ = checkify.checkify(potential.potential, errors=checkify.index_checks)(
-                    theta, idx, model_args, model_kwargs)
-                message = error.get()
-            except Exception as e:  # a streamed read past the file (StreamedRows.gather)
-                if PAST_THE_DATA not in str(e):
-                    raise
-                message = re.search(rf"row \d+ {PAST_THE_DATA} \d+ rows", str(e)).group(0)
-        if message:
-            raise ValueError(
-                f"{potential.kernel_name}: plate '{p.name}' has size {p.size}, but the data it indexes are shorter "
-                f"({message.strip()}): minibatch indices up to {p.size - 1} would read past the data, which "
-                f"JAX clamps silently. Declare the plate with the data's length, e.g. "
-                f"numpyro.plate('{p.name}', X.shape[0], subsample_size=...)."
-            )
+    if all(p.size <= largest and all(len(r) >= p.size for r in streams) for p in potential.plates):
+        return
+    with warnings.catch_warnings(), quiet_callback_errors():
+        warnings.simplefilter("ignore")
+        try:
+            message = index_probe(potential, model_args, model_kwargs)[0].get()
+        except Exception as e:  # a streamed read past the data (StreamedRows.gather)
+            message = past_the_data(e)
+            if message is None:
+                raise
+    raise_index_error(potential, message, model_args, model_kwargs)
 
 
 def in_open_support(transform, u):

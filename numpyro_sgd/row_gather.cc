@@ -186,10 +186,10 @@ ffi::Error Gather(const Index* idx, int64_t n, uint8_t* dst, const Rows& rows) {
     while (j < n && static_cast<int64_t>(idx[j]) == static_cast<int64_t>(idx[j - 1]) + 1) ++j;
     if (start < 0 || start + (j - i) > count) {
       const int64_t bad = start < 0 ? start : std::max(start, count);
-      // the words numpyro_sgd's plate check looks for (streaming.PAST_THE_DATA)
+      // the words numpyro_sgd's index check looks for (streaming.PAST_THE_DATA, OUT_OF_RANGE)
       return ffi::Error::InvalidArgument(std::string(rows.name) + ": row " + std::to_string(bad) +
                                          " asked of data with " + std::to_string(count) +
-                                         " rows (a plate larger than the data)");
+                                         " rows (a row index i of an N-row array needs -N <= i < N)");
     }
     rows.copy(start, j - i, dst + i * rows.out_row_bytes());
     i = j;

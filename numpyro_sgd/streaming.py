@@ -42,6 +42,8 @@ _SERIAL = itertools.count()
 
 #: the words of :meth:`StreamedRows.gather`'s error for a row past the data (read by the plate check)
 PAST_THE_DATA = "asked of data with"
+#: what that error says of it (the native reader's words too)
+OUT_OF_RANGE = "a row index i of an N-row array needs -N <= i < N"
 
 #: while a potential is traced: ``{id(idx): (idx, {id(array): rows})}``, the rows of a plate's
 #: streamed arrays already read for the plate's indices ``idx`` (:func:`one_read_per_plate`)
@@ -66,13 +68,20 @@ def one_read_per_plate(indices, sizes, tree):
     for name, idx in indices.items():
         group = list({id(a): a for a in sources if a.shape[0] == sizes.get(name) and not a.native}.values())
         if len(group) > 1 and jnp.issubdtype(jnp.result_type(idx), jnp.integer):
-            rows = _read_together(group, jnp.asarray(idx))
+            rows = _read_together(group, _from_the_end(jnp.asarray(idx), sizes[name]))
             reads[id(idx)] = (idx, {id(a): r for a, r in zip(group, rows)})
     token = _PLATE_READS.set({**(_PLATE_READS.get() or {}), **reads})
     try:
         yield
     finally:
         _PLATE_READS.reset(token)
+
+
+def _from_the_end(idx, n):
+    """NumPy's rule for row indices: a negative one counts from the end (-N … -1 are rows 0 … N−1);
+    what is still outside [0, N) is refused by the reader, never clamped or read past the data."""
+    n = jnp.asarray(n, idx.dtype)
+    return jnp.where((idx < 0) & (idx >= -n), idx + n, idx)
 
 
 def _read_together(arrays, idx):
@@ -254,9 +263,9 @@ class StreamedRows:
         idx = np.asarray(idx)
         flat = idx.reshape(-1).astype(np.int64, copy=False)
         n = self.shape[0]
-        if flat.size and (flat.min() < 0 or flat.max() >= n):
+        if flat.size and (flat.min() < 0 or flat.max() >= n):  # __getitem__ counted negative ones from the end
             bad = int(flat.max()) if flat.max() >= n else int(flat.min())
-            raise IndexError(f"{self.name}: row {bad} {PAST_THE_DATA} {n} rows (a plate larger than the data)")
+            raise IndexError(f"{self.name}: row {bad} {PAST_THE_DATA} {n} rows ({OUT_OF_RANGE})")
         if isinstance(self.source, np.ndarray):
             # np.take copies a source whose rows are not contiguous whole before it gathers (a
             # Fortran-order matrix: N·D values for S rows); indexing reads only the rows
@@ -286,6 +295,8 @@ class StreamedRows:
                 raise IndexError(f"{self.name}: rows are indexed by integers; got {jnp.result_type(rows)}")
             idx = jnp.asarray(rows)
             read = (_PLATE_READS.get() or {}).get(id(rows))
+            if read is None:
+                idx = _from_the_end(idx, self.shape[0])
             if read is not None and read[0] is rows and id(self) in read[1]:
                 out = read[1][id(self)]  # read with the plate's other arrays (one_read_per_plate)
             elif self.native:
@@ -314,15 +325,38 @@ class StreamedRows:
         and 0.12; the value is right)."""
         return _Block(self, offset, rows, axis)
 
-    def _whole(self, *_, **__):
-        raise TypeError(
-            f"{self.name}: the model uses all {self.shape[0]:,} rows of a streamed array at once ({self!r}); a "
-            "streamed array is read one minibatch at a time. Index it with the plate's indices first "
-            "(with numpyro.plate('data', N, subsample_size=S) as idx: ... X[idx] ...).")
+    def _refuse(self, use):
+        """The TypeError for a use of every row at once: ``use`` says what the model did."""
+        name = self.__dict__.get("name", "stream")
+        shape = self.__dict__.get("shape", ("?",))
+        return TypeError(
+            f"{name}: the model uses all {shape[0]:,} rows of a streamed array at once ({use}); a streamed array "
+            "(a memory-mapped file, numpyro_sgd.stream(...), or a large NumPy array read in place) is read one "
+            "minibatch at a time. Index it with the plate's indices first (with numpyro.plate('data', N, "
+            "subsample_size=S) as idx: ... X[idx] ...), or compute what needs every row once outside the model, "
+            "with NumPy, and pass it as an argument of its own (x_mean = X.mean(0); model(X, y, x_mean)).")
 
-    __array__ = __jax_array__ = _whole
-    __matmul__ = __rmatmul__ = __add__ = __radd__ = __mul__ = __rmul__ = __sub__ = __rsub__ = _whole
-    __truediv__ = __rtruediv__ = __neg__ = __iter__ = _whole
+    def __getattr__(self, attr):
+        # only for what the class does not define: an ndarray method or property is a whole-array use
+        if not attr.startswith("_") and hasattr(np.ndarray, attr):
+            raise self._refuse(f"X.{attr}")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {attr!r}")
+
+
+def _whole(use):
+    def refuse(self, *_, **__):
+        raise self._refuse(use)
+
+    return refuse
+
+
+StreamedRows.__array__ = StreamedRows.__jax_array__ = _whole("converted to an array: np.asarray(X), jnp.asarray(X)")
+for _op, _use in (("matmul", "X @ ..."), ("rmatmul", "... @ X"), ("add", "X + ..."), ("radd", "... + X"),
+                  ("mul", "X * ..."), ("rmul", "... * X"), ("sub", "X - ..."), ("rsub", "... - X"),
+                  ("truediv", "X / ..."), ("rtruediv", "... / X"), ("pow", "X ** ..."), ("neg", "-X"),
+                  ("abs", "abs(X)"), ("iter", "iterated: for row in X"), ("lt", "X < ..."), ("le", "X <= ..."),
+                  ("gt", "X > ..."), ("ge", "X >= ...")):
+    setattr(StreamedRows, f"__{_op}__", _whole(_use))
 
 
 class _Block(StreamedRows):

@@ -6,7 +6,9 @@ before any compute what it cannot read in place, naming the argument and the fix
 """
 
 import os
+import re
 import shutil
+import time
 
 import jax
 import jax.numpy as jnp
@@ -393,8 +395,11 @@ def test_a_row_past_the_data_is_an_error_naming_the_array(files):
         pytest.skip("no native reader on this machine (no C++ compiler)")
     with pytest.raises(Exception, match=f"X: row {N} asked of data with {N} rows"):
         jax.block_until_ready(jax.jit(lambda i: Xs[i])(jnp.array([1, N])))
-    with pytest.raises(Exception, match="X: row -1 asked of data with"):
-        jax.block_until_ready(jax.jit(lambda i: Xs[i])(jnp.array([-1, 2])))
+    with pytest.raises(Exception, match=f"X: row {-N - 1} asked of data with {N} rows \\(a row index i of an "
+                                        "N-row array needs -N <= i < N\\)"):
+        jax.block_until_ready(jax.jit(lambda i: Xs[i])(jnp.array([-N - 1, 2])))
+    # a negative index within the data counts from the end, as NumPy's
+    np.testing.assert_array_equal(jax.jit(lambda i: Xs[i])(jnp.array([-1, -N])), X[[-1, 0]])
 
 
 def test_without_a_compiler_the_callback_reads_with_one_warning(files, tmp_path, monkeypatch):
@@ -450,9 +455,53 @@ def test_a_file_changed_while_a_program_reads_it_stops_the_run(files, tmp_path, 
     read = jax.jit(lambda i: Xs[i])
     np.testing.assert_array_equal(read(jnp.arange(5)), X[:5])
     os.utime(tmp_path / "X.npy", ns=(0, os.stat(tmp_path / "X.npy").st_mtime_ns + 10**9))
-    import time
-
     time.sleep(0.05)
     with pytest.raises(Exception, match=f"the file {tmp_path / 'X.npy'} changed since the run opened it: it was "
                                         "written to"):
         np.asarray(read(jnp.arange(5)))
+
+
+def shifted(shift):
+    def model(X, y):
+        w = numpyro.sample("w", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
+        with numpyro.plate("data", X.shape[0], subsample_size=S) as idx:
+            numpyro.sample("y", dist.Bernoulli(logits=X[idx + shift] @ w), obs=y[idx])
+    return model
+
+
+def test_rows_are_indexed_as_numpy_does_on_every_path(files):
+    """One rule whatever the data's home (JAX arrays, a memmap read by the native reader, a
+    stream read by the host callback): an index ≥ N (``X[idx + 1]``) is refused at init with
+    the same message, before any compute (JAX alone would clamp it silently); a negative one
+    counts from the end (``X[idx - 1]``), and the three give the same draws."""
+    d, X, y = files
+    homes = {"jax": lambda: (jnp.asarray(X), jnp.asarray(y)),
+             "memmap": lambda: (np.load(d / "X.npy", mmap_mode="r"), np.load(d / "y.npy", mmap_mode="r")),
+             "callback": lambda: (stream(d / "X.npy", reader="callback"), stream(d / "y.npy", reader="callback"))}
+    for data in homes.values():
+        with pytest.raises(ValueError, match=r"reads its data outside their rows at the plates' first and last "
+                                             rf"indices \('data': 0 and {N - 1}\).*{N}.*Every path indexes as NumPy "
+                                             r"does: a row i of an N-row array needs -N <= i < N"):
+            run(ConstantSGD(shifted(1)), *data())
+    draws = [np.asarray(run(ConstantSGD(shifted(-1)), *data()).get_samples()["w"]) for data in homes.values()]
+    np.testing.assert_allclose(draws[1], draws[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(draws[2], draws[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("use, words", [("X.mean(0)", "X.mean"), ("X.T @ jnp.ones(X.shape[0])", "X.T"),
+                                        ("np.mean(X, 0)", "X.mean"), ("jnp.mean(X, 0)", "converted to an array")])
+def test_a_streamed_array_used_whole_is_named(files, use, words):
+    """A whole-array use of a streamed argument beside ``X[idx]`` is a TypeError naming the
+    argument, what the model did and the fix (it was an AttributeError for ``.mean`` and ``.T``)."""
+    d, _, _ = files
+
+    def model(X, y):
+        w = numpyro.sample("w", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
+        with numpyro.plate("data", X.shape[0], subsample_size=S) as idx:
+            extra = jnp.sum(eval(use))
+            numpyro.sample("y", dist.Bernoulli(logits=X[idx] @ w + 0.0 * extra), obs=y[idx])
+
+    with pytest.raises(TypeError, match=rf"memory-mapped argument of shape \({N}, {D}\): the model uses all "
+                                        rf"{N:,} rows of a streamed array at once \({re.escape(words)}.*Index it with "
+                                        r"the plate's indices first.*pass it as an argument of its own"):
+        run(ConstantSGD(model), np.load(d / "X.npy", mmap_mode="r"), np.load(d / "y.npy", mmap_mode="r"))
