@@ -34,6 +34,7 @@ from .checks import (  # noqa: F401 - the constants are re-exported
     warn_constant_data,
     warn_full_data_steps,
     warn_hyper_candidates,
+    warn_off_gaussian,
     warn_short_blocks,
     warn_short_run,
 )
@@ -362,18 +363,17 @@ class SGKernel(MCMCKernel):
         return state
 
     def _warn_short_run(self, state, num_warmup):
-        """At the end of warmup, when the algorithm predicts its autocorrelation time
-        (``SampleBlock.relaxation``), warn when the calling ``MCMC``'s ``num_samples`` are too few
-        for it (``checks.warn_short_run``); Python then waits for warmup before NumPyro compiles."""
-        relaxation = self._get_algorithm().block.relaxation
-        if relaxation is None or is_tracer((state.kernel_state, num_warmup)) or num_warmup == 0:
+        """At the end of warmup: a control-variate kernel's centre and curvature
+        (``checks.warn_off_gaussian``), and, when the algorithm predicts its autocorrelation time
+        (``SampleBlock.relaxation``), too few ``num_samples`` of the calling ``MCMC``
+        (``checks.warn_short_run``). Python then waits for warmup before NumPyro compiles."""
+        if is_tracer((state.kernel_state, num_warmup)) or num_warmup == 0:
             return
-        mcmc = calling_mcmc()
-        if mcmc is None:
-            return
-        # per-chain times, or checks.PredictedRelaxation with the cause (all NaN: no noise estimate,
-        # too short a warmup, which the noise warmup has said; nothing more is said)
-        warn_short_run(type(self).__name__, relaxation(state.kernel_state), mcmc.num_samples, self._block_steps())
+        if self.control_variates:
+            warn_off_gaussian(type(self).__name__, state.kernel_state.control)
+        relaxation, mcmc = self._get_algorithm().block.relaxation, calling_mcmc()
+        if relaxation is not None and mcmc is not None:
+            warn_short_run(type(self).__name__, relaxation(state.kernel_state), mcmc.num_samples, self._block_steps())
 
     def _compiled_init(self, init_chains, rng_key, init_params, model_args, model_kwargs, num_warmup_steps):
         """``init_chains(rng_key, init_params, model_args, model_kwargs)`` as one compiled program,

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro.util import find_stack_level
 
+from .control_variates import off_gaussian_message
 from .likelihood import log_likelihood_chunks
 from .model_args import AUTO_STREAM_BYTES, is_tracer, split_arrays
 from .sharding import check_mesh
@@ -142,6 +143,21 @@ def warn_short_blocks(name, algorithm, steps_per_sample):
         "num_samples. Leave steps_per_sample unset (default: the relaxation time) or raise it.",
         UserWarning, stacklevel=find_stack_level(),
     )
+
+
+def warn_off_gaussian(name, control):
+    """Warn at the end of warmup when a control-variate kernel's centre did not converge or its
+    posterior is far from Gaussian over a posterior sd
+    (:func:`~numpyro_sgd.control_variates.off_gaussian_message`; ``control``: the kernel state's
+    :class:`~numpyro_sgd.control_variates.ControlState`)."""
+    message = off_gaussian_message(name, jax.tree.map(np.asarray, control), OFF_GAUSSIAN_ALTERNATIVES)
+    if message:
+        warnings.warn(message, UserWarning, stacklevel=find_stack_level())
+
+
+#: what the off-Gaussian warning offers instead of a control-variate kernel
+OFF_GAUSSIAN_ALTERNATIVES = ("control_variates=False (SGLD(model), or ConstantSGD(model, preconditioner='full'), whose "
+                             "noise-based steps assume no Gaussian shape), or, with SGLD, integrator='euler'")
 
 
 def warn_short_run(name, relaxation, num_samples, steps_per_sample):

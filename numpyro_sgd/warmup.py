@@ -44,6 +44,7 @@ import warnings
 from fractions import Fraction
 from typing import Callable, NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -604,7 +605,11 @@ def _centre_and_noise(theta, state, oracle, full, without_replacement):
         (plate,) = oracle.plates
         rows, per = plate.size // oracle.num_shards, plate.subsample_size // oracle.num_shards
         noise = noise * ((rows - per) / max(rows - 1, 1))
-    state = state._replace(control=ControlState(centre, nonlinearity, passes, jnp.zeros((), bool)))
+    # the prior's force at the centre in posterior sds, |Lᵀ ∇U₀(θ̂)|: how far the data pushed the mode
+    # against the prior along a direction the prior's curvature shares (control_variates.PRIOR_PULL_WARN)
+    prior_grad = jax.grad(oracle.prior_potential)(centre.position)
+    pull = jnp.max(jnp.abs(scale.T @ prior_grad if full else scale * prior_grad))
+    state = state._replace(control=ControlState(centre, nonlinearity, passes, jnp.zeros((), bool), pull))
     return state, (noise if full else jnp.diagonal(noise)), (hessian if full else jnp.diagonal(hessian))
 
 

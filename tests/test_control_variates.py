@@ -7,6 +7,8 @@ against the Ornstein–Uhlenbeck transition), then the kernels' draws against th
 a conjugate regression with tolerances from their effective sample size.
 """
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -189,3 +191,51 @@ def test_control_variates_refuse_what_they_cannot_do():
         kernel.init(jax.random.key(0), 10, None, (jnp.asarray(X[:1000]), jnp.asarray(Y[:1000])), {})
     assert not ConstantSGD(regression).control_variates and SGLD(regression, control_variates=True).control_variates
 
+
+
+def _off_gaussian_data(kind, n=4_000, d=4):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(n, d)).astype(np.float32)
+    x[:, 0] = 1.0
+    w = np.array([0.5, 1.0, -0.5, 0.3])
+    y = {"gaussian": x @ w + rng.normal(size=n), "logistic": rng.random(n) < 1 / (1 + np.exp(-x @ w)),
+         "laplace": x @ w + rng.laplace(size=n), "separated": x[:, 1] > 0}[kind]
+    likelihood = {"gaussian": lambda m: dist.Normal(m, 1.0), "logistic": lambda m: dist.Bernoulli(logits=m),
+                  "laplace": lambda m: dist.Laplace(m, 1.0), "separated": lambda m: dist.Bernoulli(logits=m)}[kind]
+
+    def model(X, y):
+        w = numpyro.sample("w", dist.Normal(0, 3).expand([d]).to_event(1))
+        with numpyro.plate("data", n, subsample_size=100) as idx:
+            numpyro.sample("y", likelihood(X[idx] @ w), obs=y[idx])
+
+    return model, jnp.asarray(x), jnp.asarray(y.astype(np.float32))
+
+
+@pytest.mark.parametrize("kind, words", [
+    # a kink at every datum: the Hessian is the prior's alone, Newton does not converge, δ ≈ 10⁴
+    ("laplace", r"stopped after \d+ data passes without converging.*departs from the Gaussian's by δ = \d"),
+    # the mode is where the prior stops the separating direction: pushed ≈ 5 posterior sds against it
+    ("separated", r"the data push the centre against the prior by [1-9][0-9.]* posterior sds"),
+])
+def test_a_posterior_far_from_gaussian_is_warned_at_the_end_of_warmup(kind, words):
+    """Off the Gaussian regime the control-variate kernels were silently wrong (a Laplace
+    likelihood: SGLD's exponential step 25 sd off, SGHMC's sds 5–15× too small; separated
+    classes: 0.15–0.3 sd off). At the end of warmup the kernel now names the cause it measured
+    (the Newton decrement where the centre stopped, the prior's force at the centre in posterior
+    sds, above 1, the gradient's departure δ from the Gaussian's over a posterior sd, above 0.2)
+    and the alternatives; on a Gaussian and a logistic regression (force ≤ 0.01, δ ≈ 0.05–0.12)
+    it says nothing."""
+    model, X, y = _off_gaussian_data(kind)
+    for make in (lambda: SGLD(model, control_variates=True), lambda: SGHMC(model, control_variates=True)):
+        with pytest.warns(UserWarning, match=rf"control_variates=True: .*{words}.*Use control_variates=False.*"
+                                             r"integrator='euler'"):
+            MCMC(make(), num_warmup=100, num_samples=10, progress_bar=False).run(jax.random.key(0), X, y)
+    for kind in ("gaussian", "logistic"):
+        model, X, y = _off_gaussian_data(kind)
+        mcmc = MCMC(SGLD(model, control_variates=True), num_warmup=100, num_samples=10, progress_bar=False)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            mcmc.run(jax.random.key(0), X, y)
+        assert not [w for w in caught if "control_variates=True:" in str(w.message)], kind
+        control = mcmc.last_state.kernel_state.control
+        assert float(control.nonlinearity) < 0.2 and float(control.prior_pull) < 0.1, control
