@@ -98,9 +98,9 @@ class ControlState(NamedTuple):
     #: whether the chain has been moved to the centre (done once, before the first sampling block:
     #: the warmup's last point may be far out, where the control variates' noise is large)
     moved: jnp.ndarray
-    #: max_k |(Lᵀ ∇U₀(θ̂))_k|: the prior's force at the centre in posterior sds (L Lᵀ = H⁻¹, U₀ the
-    #: prior and Jacobian terms), large where the data push the mode far against the prior along a
-    #: direction they hardly curve (:data:`PRIOR_PULL_WARN`)
+    #: the largest entry of Lᵀ ∇U₀(θ̂) in size: the prior's force at the centre in posterior sds
+    #: (L Lᵀ = H⁻¹, U₀ the prior and Jacobian terms), large where the data push the mode far
+    #: against the prior along a direction they hardly curve (:data:`PRIOR_PULL_WARN`)
     prior_pull: jnp.ndarray = jnp.nan
 
 

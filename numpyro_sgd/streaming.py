@@ -92,7 +92,7 @@ def _read_together(arrays, idx):
 
 
 class FileStamp(NamedTuple):
-    """A memory-mapped file as a run found it: what a later check compares with (:func:`check_files`)."""
+    """A memory-mapped file as a run found it: what a later check compares with (``check_files``)."""
 
     #: the file's path
     path: str
@@ -224,7 +224,7 @@ class StreamedRows:
         self.dtype = jax.dtypes.canonicalize_dtype(self._source_dtype)
         self._serial = next(_SERIAL)
         self.origin = source  # the array the user gave (stream_in_memory may read a copy of it in C order)
-        #: the memory-mapped files behind the rows as they were when wrapped (:class:`FileStamp`)
+        #: the memory-mapped files behind the rows as they were when wrapped (:class:`~numpyro_sgd.streaming.FileStamp`)
         self.files = file_stamps(source)
         check_files(self.files, name, "since it was memory-mapped")
         self._checked = 0.0  # when the callback reader last compared the files with their stamps
