@@ -34,7 +34,7 @@ Per run (one row of the table):
   (``num_steps`` extra field, summed), each a full-data gradient, i.e. one pass;
 * min bulk ESS over the D coordinates of w (ArviZ, both chains), ESS per second of *total*;
 * max |mean − ref mean| / ref sd and max |sd / ref sd − 1| against the Laplace reference (below),
-  via ``numpyro_sgd.diagnostics.compare``; a run is *accurate* if they are ≤ 0.15 and ≤ 0.10;
+  via ``numpyro_sgd.diagnostics.compare.compare``; a run is *accurate* if they are ≤ 0.15 and ≤ 0.10;
 * peak RSS: ``resource.getrusage(RUSAGE_SELF).ru_maxrss`` (the process's peak so far; cells run
   in increasing N·D, so it is the peak of the largest cell so far) and the cell's own peak
   (``VmHWM`` of ``/proc/self/status`` after resetting it through ``/proc/self/clear_refs`` at the
@@ -130,7 +130,7 @@ from benchmark_throughput import CompileClock, timed  # the same compile clock (
 from numpyro.infer import MCMC, NUTS
 
 from numpyro_sgd import IASG, SGFS, ConstantSGD
-from numpyro_sgd.diagnostics import compare
+from numpyro_sgd.diagnostics.compare import compare
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "output" / "benchmark_scaling.json"

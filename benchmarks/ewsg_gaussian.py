@@ -49,8 +49,9 @@ import numpyro.distributions as dist
 from numpyro.infer import MCMC
 
 from numpyro_sgd import EWSG, EWSGVR, PSGLD, SGHMC, SGLD, OverdampedEWSG
-from numpyro_sgd.diagnostics import gaussian_kl, plot_convergence
-from numpyro_sgd.ewsg import index_acceptance_rate
+from numpyro_sgd.diagnostics.compare import gaussian_kl
+from numpyro_sgd.diagnostics.plots import plot_convergence
+from numpyro_sgd.numerics.index_chain import index_acceptance_rate
 
 N = 50
 RECORD_EVERY = 20  # per-datum gradients between recorded points (0.4 passes); divisible by M + 1

@@ -78,8 +78,8 @@ from numpyro.infer.initialization import init_to_value
 
 from numpyro_sgd import EWSG, PSGLD, SGHMC, SGLD
 from numpyro_sgd.datasets import load_covtype, load_skin_segmentation
-from numpyro_sgd.diagnostics import gaussian_kl
-from numpyro_sgd.ewsg import index_acceptance_rate
+from numpyro_sgd.diagnostics.compare import gaussian_kl
+from numpyro_sgd.numerics.index_chain import index_acceptance_rate
 
 PRIOR_VAR = 10.0
 BATCH = 50

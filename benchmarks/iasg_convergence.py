@@ -64,12 +64,12 @@ Inference* (JMLR 18, 2017) with :class:`~numpyro_sgd.IASG` (the paper's Alg. 1):
   over chains (the paper's error bars) and the RMS error over chains (bias and spread together),
   and the comparison "does IASG converge faster than SGLD and NUTS" uses the RMS error.
 
-**Theory rows.** Eq. 45 of the paper (:func:`~numpyro_sgd.theory.iasg_covariance`, exact Hessian,
+**Theory rows.** Eq. 45 of the paper (:func:`~numpyro_sgd.numerics.theory.iasg_covariance`, exact Hessian,
 assumption A5) predicts the IASG samples' covariance; with ε = 0.003, S = 10, T = 1000 and
 λ(A) ≈ 1, ε T λ ≈ 3 and the predicted variance shortfall is (1 − e⁻³)/3 ≈ 32 % in every direction
 (outside the validity window of Eq. 46–47). Next to it: the exact law of the average of T iterates
 of the linear recursion with the exact gradient noise at the mode
-(:func:`~numpyro_sgd.theory.iterate_average_covariance`), and for SGLD the stationary covariance
+(:func:`~numpyro_sgd.numerics.theory.iterate_average_covariance`), and for SGLD the stationary covariance
 of constant-ε SGLD at the schedule's last ε (discrete Lyapunov equation; the decreasing schedule is
 never stationary, this is what its estimate would drift towards if ε stopped decreasing).
 
@@ -114,7 +114,7 @@ import scipy.linalg
 from numpyro.infer import MCMC, NUTS
 
 from numpyro_sgd import IASG, SGLD, robbins_monro
-from numpyro_sgd.theory import iasg_covariance, iterate_average_covariance, window_error
+from numpyro_sgd.numerics.theory import iasg_covariance, iterate_average_covariance, window_error
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from table1_kl import _positive_int  # noqa: E402  (the argparse type both benchmarks use)

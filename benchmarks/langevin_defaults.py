@@ -2,7 +2,7 @@
 
 SGLD, pSGLD, SGHMC, EWSG and Santa set their steps at the end of the noise warmup. By default
 (``preconditioner="auto"``) they then run in the coordinates φ of the warmup's curvature
-(θ = L φ, L Lᵀ = N A⁻¹; :class:`numpyro_sgd.warmup.CurvatureBasis`); ``preconditioner="scalar"``
+(θ = L φ, L Lᵀ = N A⁻¹; :class:`numpyro_sgd.adaptation.coordinates.CurvatureBasis`); ``preconditioner="scalar"``
 is the papers' kernel in the model's coordinates. This script runs both on three problems, with
 ConstantSGD-full (its defaults) as the baseline, every kernel at the same budget: 200 warmup
 and 1,000 sampling iterations of one data pass (N/S SG steps) each, 4 vectorized chains.

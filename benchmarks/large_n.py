@@ -50,7 +50,7 @@ from benchmark_throughput import CompileClock, timed
 from numpyro.infer import MCMC
 
 from numpyro_sgd import IASG, SGFS, ConstantSGD
-from numpyro_sgd.base import DEFAULT_WARMUP_PASSES
+from numpyro_sgd.validation import DEFAULT_WARMUP_PASSES
 
 
 def vm_hwm_gib():

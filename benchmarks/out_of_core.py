@@ -162,7 +162,7 @@ def cold(X, y, read_s, repeats):
     pass, from a warmed-up state; the same run warm for comparison) and one pass of the
     hand-written loop with the native reader (:func:`hand_written_pass`); medians of
     ``repeats``."""
-    from numpyro_sgd.indices import choose_cluster_size
+    from numpyro_sgd.minibatch.indices import choose_cluster_size
 
     def timed(fn, drop):
         seconds = []
@@ -265,11 +265,11 @@ def hand_written_pass(X, y, cluster_size, reader, repeats=3, program=False):
     gradient, θ ← θ − ε ∇), its rows read by ``reader``: ``"device"``, gathered by XLA from JAX
     arrays in device memory; ``"callback"``, one host callback that reads X's rows and y's
     (``np.take`` of each memmap), as the kernel's callback reader does
-    (:func:`numpyro_sgd.streaming.one_read_per_plate`); ``"native"``, the kernel's native reader
-    (:func:`numpyro_sgd.native.read_rows`, one custom call per array). ``program=True``: the
+    (:func:`numpyro_sgd.data.streaming.one_read_per_plate`); ``"native"``, the kernel's native reader
+    (:func:`numpyro_sgd.data.native.read_rows`, one custom call per array). ``program=True``: the
     compiled loop as a function of nothing (one pass), compiled without reading the data."""
-    from numpyro_sgd import native
-    from numpyro_sgd.indices import cluster_indices
+    from numpyro_sgd.data import native
+    from numpyro_sgd.minibatch.indices import cluster_indices
 
     n, d, s = X.shape[0], X.shape[1], 10_000
     data = (jnp.asarray(X), jnp.asarray(y)) if reader == "device" else ()  # arguments, not XLA constants
@@ -306,8 +306,8 @@ def breakdown(X, y, read_s):
     and on JAX arrays in device memory; the same three against a hand-written loop
     (:func:`hand_written_pass`); an empty host callback in a compiled loop; and the host gathers
     of the callback runs (``StreamedRows.gather``, timed inside them: seconds per call, per array)."""
-    from numpyro_sgd.indices import choose_cluster_size
-    from numpyro_sgd.streaming import StreamedRows
+    from numpyro_sgd.data.streaming import StreamedRows
+    from numpyro_sgd.minibatch.indices import choose_cluster_size
 
     b = choose_cluster_size(X.shape[0], 10_000, X.shape[1], X.shape[1] * X.itemsize + y.itemsize)
     hand = {reader: hand_written_pass(X, y, b, reader) for reader in ("native", "callback", "device")}
@@ -393,7 +393,7 @@ def in_memory(args):
         import subprocess
         import sys
 
-        from numpyro_sgd.programs import quick_compile_options
+        from numpyro_sgd.driver.programs import quick_compile_options
 
         runs = [("stream", {}), ("device", {}), ("numpy", {}), ("constants", {})]
         if "xla_cpu_use_fusion_emitters" in (quick_compile_options("warmup") or {}):  # XLA:CPU has loop emitters

@@ -31,7 +31,7 @@ import numpy as np
 from numpyro.infer import MCMC
 
 from numpyro_sgd import IASG, SGLD, ConstantSGD, SubsampledPotential, datasets
-from numpyro_sgd.diagnostics import compare
+from numpyro_sgd.diagnostics.compare import compare
 
 GOLD = [
     "sblri-blr", "sblrc-blr", "kidiq-kidscore_interaction", "earnings-logearn_interaction",

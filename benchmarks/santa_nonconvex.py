@@ -61,7 +61,7 @@ recorded in between; one compilation serves all methods (``lax.switch`` on a met
 by the lanes). Adam and SGD-momentum are the optax transformations themselves, built inside the
 vmapped function with a traced learning rate. Santa needs a traced η and noise seed, which
 :func:`numpyro_sgd.santa` (a closure over Python constants) cannot take, so the loop calls the
-package's own ``santa_init`` / :func:`~numpyro_sgd.santa.santa_step` exactly as
+package's own ``santa_init`` / :func:`~numpyro_sgd.kernels.santa.santa_step` exactly as
 :func:`numpyro_sgd.santa` does. The loop is checked against the package: for seed 0 and each
 method's best learning rate, ``map_estimate(model, key, X, y, optimizer=<santa(η, seed=0, ...) |
 optax.adam(lr) | optax.sgd(lr, momentum=0.9)>, num_steps=T, init_params=θ₀)`` is run and its final
@@ -102,9 +102,10 @@ import numpyro.distributions as dist
 import optax
 from jax import random
 
-from numpyro_sgd import SubsampledPotential, map_estimate, polynomial_annealing, santa
+from numpyro_sgd import SubsampledPotential, map_estimate, polynomial_annealing
 from numpyro_sgd.datasets import DATA_ENV_VAR, default_data_dir, load_mnist
-from numpyro_sgd.santa import santa_init, santa_step
+from numpyro_sgd.kernels import santa
+from numpyro_sgd.kernels.santa import santa_init, santa_step
 
 # reruns skip most of the compilation (the cache folder is git-ignored)
 jax.config.update("jax_compilation_cache_dir", os.environ.get(

@@ -110,7 +110,7 @@ from numpyro_sgd.datasets import (
     load_wine_quality,
     unit_length_columns,
 )
-from numpyro_sgd.theory import lyapunov_covariance
+from numpyro_sgd.numerics.theory import lyapunov_covariance
 
 try:  # SGFS is new; keep the other rows if it is not importable
     from numpyro_sgd import SGFS

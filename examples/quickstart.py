@@ -36,7 +36,8 @@ import numpyro.distributions as dist
 from numpyro.infer import MCMC, NUTS
 
 from numpyro_sgd import EWSG, IASG, PSGLD, SGFS, SGHMC, SGLD, ConstantSGD, Santa
-from numpyro_sgd.diagnostics import compare, convergence_curve, plot_convergence, plot_ellipses, plot_marginals
+from numpyro_sgd.diagnostics.compare import compare, convergence_curve
+from numpyro_sgd.diagnostics.plots import plot_convergence, plot_ellipses, plot_marginals
 
 
 def model(X, y=None, subsample_size=None):
@@ -156,7 +157,7 @@ def main(argv=None):
     # The Langevin baselines with their default steps: their warmup is the noise warmup of
     # ConstantSGD (Adam to the mode, then an estimate of the minibatch gradient-noise covariance Q),
     # and its end sets the step (and friction) so that the minibatch noise and the discretisation
-    # change the stationary variance by at most target_inflation = 10 % (numpyro_sgd.noise:
+    # change the stationary variance by at most target_inflation = 10 % (numpyro_sgd.numerics.noise:
     # sgld_step_size, sghmc_steps, santa_step_size), in the coordinates of the curvature warmup
     # estimated. One SG step is a small fraction of their autocorrelation time (about 10 N/S steps
     # at that inflation), so, as "choosing a kernel" recommends, each draw is 10 N/S SG steps and

@@ -1,20 +1,16 @@
 """numpyro_sgd: scalable stochastic-gradient samplers for NumPyro models."""
 
-from .base import SampleBlock, SGAlgorithm, SGKernel, SGState, StepInfo
-from .constant_sgd import ConstantSGD, ConstantSGDState, constant_sgd
-from .diagnostics import (
-    check_run,
-    compare,
-    convergence_curve,
-    fit_gaussian,
-    gaussian_kl,
-    moment_errors,
-    plot_convergence,
-    plot_ellipses,
-    plot_marginals,
-    to_arviz,
-)
-from .ewsg import (
+from .data.streaming import StreamedRows, open_shards, stream
+from .diagnostics.arviz_export import to_arviz
+from .diagnostics.compare import compare, convergence_curve, fit_gaussian, gaussian_kl, moment_errors
+from .diagnostics.loo import LooSubsample, loo_subsample
+from .diagnostics.model_comparison import compare_loo
+from .diagnostics.plots import plot_convergence, plot_ellipses, plot_marginals
+from .diagnostics.run_checks import check_run
+from .driver.kernel import SGKernel
+from .driver.wrapper import SGWrapper
+from .kernels.constant_sgd import ConstantSGD, ConstantSGDState, constant_sgd
+from .kernels.ewsg import (
     EWSG,
     EWSGVR,
     EWSGState,
@@ -25,19 +21,20 @@ from .ewsg import (
     ewsg_vr,
     overdamped_ewsg,
 )
-from .gibbs import SGWithinGibbs, SGWithinGibbsState, centre_loc_scale, hyper_candidates, sg_within_gibbs
-from .iasg import IASG, IASGState, iasg
-from .loo import LooSubsample, compare_loo, loo_subsample
-from .potential import MinibatchOracle, PlateInfo, SubsampledPotential
-from .santa import Santa, SantaKernelState, SantaState, map_estimate, santa, santa_algorithm
-from .schedules import polynomial_annealing, robbins_monro
-from .sgfs import SGFS, SGFSState, sgfs
-from .sghmc import SGHMC, SGHMCState, sghmc
-from .sgld import PSGLD, SGLD, PSGLDState, SGLDState, psgld, sgld
-from .streaming import StreamedRows, open_shards, stream
-from .theory import lyapunov_covariance
-from .vem import VariationalEM, VariationalEMState, variational_em
-from .wrapper import SGWrapper
+from .kernels.gibbs import SGWithinGibbs, SGWithinGibbsState, sg_within_gibbs
+from .kernels.iasg import IASG, IASGState, iasg
+from .kernels.santa import Santa, SantaKernelState, SantaState, map_estimate, santa, santa_algorithm
+from .kernels.sgfs import SGFS, SGFSState, sgfs
+from .kernels.sghmc import SGHMC, SGHMCState, sghmc
+from .kernels.sgld import PSGLD, SGLD, PSGLDState, SGLDState, psgld, sgld
+from .kernels.vem import VariationalEM, VariationalEMState, variational_em
+from .model.discovery import PlateInfo
+from .model.oracle import MinibatchOracle
+from .model.potential import SubsampledPotential
+from .model.structure import centre_loc_scale, hyper_candidates
+from .numerics.schedules import polynomial_annealing, robbins_monro
+from .numerics.theory import lyapunov_covariance
+from .protocol import SampleBlock, SGAlgorithm, SGState, StepInfo
 
 __version__ = "0.1.0"
 

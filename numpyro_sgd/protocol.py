@@ -1,7 +1,7 @@
 """The protocol between the driver and the algorithms: :class:`SGAlgorithm` (what an algorithm
 provides, with :class:`SampleBlock`), :class:`StepInfo` (what one of its steps reports) and
 :class:`SGState` (the driver's per-chain state). The bottom of the package's layering: it imports nothing of the package, so
-the algorithms, the warmup adapter and the driver (:mod:`numpyro_sgd.base`) all import it.
+the algorithms, the warmup adapter and the driver (:mod:`numpyro_sgd.driver.kernel`) all import it.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class SampleBlock(NamedTuple):
     #: returned sample instead or refuses the algorithm
     summarises: bool = False
     #: ``kernel_state -> float`` (NumPy, on the host, any leading chain axis), or a
-    #: :class:`~numpyro_sgd.warmup.PredictedRelaxation` (the times and a sentence naming their
+    #: :class:`~numpyro_sgd.adaptation.relaxation.PredictedRelaxation` (the times and a sentence naming their
     #: cause): the integrated autocorrelation time, in SG steps, that the steps chosen at the end
     #: of warmup predict for the slowest direction (the Langevin kernels' default steps,
     #: ConstantSGD's scalar, diagonal and sqrt preconditioners); the driver warns at the end of

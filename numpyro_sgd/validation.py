@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = ["check_choice", "check_number", "check_positive", "check_int", "check_model_args", "check_init_params",
-           "check_param_values"]
+           "check_param_values", "INTEGRATORS", "check_friction", "check_control_variates", "check_step_size"]
 
 
 def _describe(value):
@@ -177,7 +177,7 @@ class DriverOptions(NamedTuple):
         start in about one pass, so ``num_samples`` counts nearly independent draws), 1 for the
         others. ConstantSGD with the full preconditioner measures its own relaxation time at the
         end of warmup and takes more steps when the model is misspecified
-        (:func:`~numpyro_sgd.noise.relaxation_steps`; read it from
+        (:func:`~numpyro_sgd.numerics.step_rules.relaxation_steps`; read it from
         ``mcmc.last_state.kernel_state.steps_per_sample``). An ``int`` fixes it; a value far
         below the relaxation time warns at ``init`` (the ESS is then about
         num_samples × steps_per_sample × S/N, not num_samples).
@@ -188,7 +188,7 @@ class DriverOptions(NamedTuple):
         no relaxation time such as SGLD) a warmup iteration takes ``steps_per_sample`` SG steps,
         as a sampling iteration does.
     :param str subsample: how sampling-phase minibatches are drawn, ``"with_replacement"``
-        (default) or ``"without_replacement"`` (see ``numpyro_sgd.indices.SUBSAMPLE_METHODS``).
+        (default) or ``"without_replacement"`` (see ``numpyro_sgd.validation.SUBSAMPLE_METHODS``).
     :param str warmup_subsample: how warmup minibatches are drawn; defaults to ``subsample``;
         ``"shuffle"`` (epoch-wise reshuffling) is allowed here only, since it biases the
         stationary law.
@@ -196,20 +196,20 @@ class DriverOptions(NamedTuple):
     :param subsample_size: minibatch size S to use instead of the one the model's plate declares
         (an int for every subsample plate, or ``{plate name: S}``); the N/S scaling follows. Lets
         you pick the throughput-optimal S without editing the model (see docs/performance.md). ``"auto"``:
-        the kernel picks S from N and the backend (:func:`~numpyro_sgd.indices.choose_subsample_size`:
+        the kernel picks S from N and the backend (:func:`~numpyro_sgd.minibatch.indices.choose_subsample_size`:
         10⁴ on a CPU, 10⁵ on a GPU, at most N/10; N/100 for IASG); it does so too for a model whose
         data plate declares no subsample_size (NumPyro's one model for NUTS and SG).
     :param mesh: a ``jax.sharding.Mesh`` over which the data rows are split (``None``: one device).
         Each device then draws its S/k minibatch rows among its own N/k rows and the step
-        all-reduces one D-vector (:mod:`numpyro_sgd.sharding`); pass the data sharded along
+        all-reduces one D-vector (:mod:`numpyro_sgd.model.sharding`); pass the data sharded along
         ``mesh_axis`` (``jax.device_put(X, NamedSharding(mesh, P("data")))``) and run
         ``MCMC(..., jit_model_args=True)`` so that they stay where they are.
     :param str mesh_axis: the mesh axis the rows are split over.
     :param int cluster_size: with ``subsample="with_replacement"``, draw each minibatch as S/B
         clusters of B consecutive rows (the *cluster law*,
-        :func:`~numpyro_sgd.indices.cluster_indices`: unbiased whatever the order of the rows,
+        :func:`~numpyro_sgd.minibatch.indices.cluster_indices`: unbiased whatever the order of the rows,
         its noise estimated from the cluster sums) instead of S random rows. Default (None): B
-        from :func:`~numpyro_sgd.indices.choose_cluster_size` (1, random rows, unless the data
+        from :func:`~numpyro_sgd.minibatch.indices.choose_cluster_size` (1, random rows, unless the data
         the plate indexes exceed 64 MiB; then clusters of about 32 KiB, which a CPU reads several
         times faster than random rows), falling back to random rows with a warning when the rows
         look ordered. ``1``: random rows; an int B that divides S: clusters of B.
@@ -292,3 +292,38 @@ def resolve_init_params(name, init_params, view, num_chains):
     if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(init_params)):
         return init_params
     return check_init_params(name, init_params, view, num_chains)
+
+
+# ---------------------------------------------------------------------------- validation
+#: the overdamped kernels' integrators: Welling & Teh's Euler step, or the step exact for the
+#: Gaussian part (:func:`~numpyro_sgd.numerics.diffusions.exponential_overdamped_langevin`)
+INTEGRATORS = ("euler", "exponential")
+
+def check_friction(name, friction):
+    """Raise unless γ is a positive scalar (SGHMC and the EWSG kernels)."""
+    return check_positive(name, "friction", friction, "a positive float (γ; σ² = 2γ)")
+
+def check_control_variates(name, control_variates, integrator, step_size, preconditioner, integrators=INTEGRATORS):
+    """Validate ``control_variates`` and ``integrator`` (None: ``"exponential"`` with control
+    variates where ``integrators`` has it, else ``"euler"``); both need the kernel's own step,
+    which the end of warmup sets. Returns ``(control_variates, integrator)``."""
+    if control_variates not in (True, False):
+        raise TypeError(f"{name}: control_variates must be True or False, got {control_variates!r}.")
+    if integrator is None:
+        exponential = control_variates and preconditioner != "scalar" and "exponential" in integrators
+        integrator = "exponential" if exponential else "euler"
+    if integrator not in integrators:
+        raise ValueError(f"{name}: integrator={integrator!r}; use one of {integrators}.")
+    if step_size is not None and (control_variates or integrator == "exponential"):
+        raise ValueError(
+            f"{name}: control_variates=True and integrator='exponential' set their step at the end of warmup (from "
+            "the centre the control variates are taken about, and the noise measured there); leave step_size out.")
+    if integrator == "exponential" and preconditioner == "scalar":
+        raise ValueError(
+            f"{name}: integrator='exponential' is exact for the Gaussian of the warmup's curvature coordinates; "
+            "preconditioner='scalar' runs in the model's. Use preconditioner='auto' (the default) or integrator='euler'.")
+    return bool(control_variates), integrator
+
+def check_step_size(name, step_size):
+    """Raise unless h (or ε) is a positive scalar."""
+    return check_positive(name, "step_size", step_size)

@@ -33,7 +33,7 @@ from scipy.special import logsumexp
 
 
 class Loo(NamedTuple):
-    """The fields of ``numpyro_sgd.arviz_compat.LooResult``."""
+    """The fields of ``numpyro_sgd.diagnostics.arviz_compat.LooResult``."""
 
     elpd_loo: float
     se: float

@@ -26,8 +26,9 @@ import pytest
 from numpyro.infer import MCMC, NUTS
 
 from numpyro_sgd import IASG, SGFS, SGHMC, SGLD, ConstantSGD, check_run
-from numpyro_sgd.diagnostics import compare, nuts_reference, to_arviz
-from numpyro_sgd.loo import loo_subsample
+from numpyro_sgd.diagnostics.arviz_export import to_arviz
+from numpyro_sgd.diagnostics.compare import compare, nuts_reference
+from numpyro_sgd.diagnostics.loo import loo_subsample
 
 N = 400
 _rng = np.random.default_rng(1)

@@ -11,7 +11,7 @@ import scipy.linalg
 from numpyro.infer import MCMC
 
 from numpyro_sgd import PSGLD, SGHMC
-from numpyro_sgd.diffusions import underdamped_langevin
+from numpyro_sgd.numerics.diffusions import underdamped_langevin
 
 N, S, PRIOR_SD = 1000, 100, 10.0
 Y = jnp.asarray(np.random.default_rng(0).normal(2.0, 1.0, N))

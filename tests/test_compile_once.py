@@ -21,7 +21,7 @@ from jax import monitoring
 from numpyro.infer import MCMC
 
 from numpyro_sgd import SGFS, SGLD, ConstantSGD
-from numpyro_sgd.base import CONSTANT_DATA_WARN_BYTES
+from numpyro_sgd.driver.init_checks import CONSTANT_DATA_WARN_BYTES
 
 N, S = 2_000, 50
 _rng = np.random.default_rng(0)
@@ -181,7 +181,7 @@ def test_a_traced_step_reuses_the_models_jaxpr_as_one_call(monkeypatch):
     and one sampling step evaluates the jaxpr in Python no more: inlined, as it still is with
     several devices, the same traces evaluate it 4 and 1 times (measured with two forced host
     devices)."""
-    import numpyro_sgd.replay as replay_module
+    import numpyro_sgd.model.replay as replay_module
 
     kernel = ConstantSGD(model, preconditioner="full")
     state = kernel.init(jax.random.key(2), 30, None, (X, Y, S), {})

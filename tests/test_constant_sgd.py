@@ -12,8 +12,8 @@ import pytest
 from numpyro.infer import MCMC
 
 from numpyro_sgd import ConstantSGD, gaussian_kl, lyapunov_covariance
-from numpyro_sgd.base import DEFAULT_WARMUP_PASSES
-from numpyro_sgd.warmup import warmup_refresh_every
+from numpyro_sgd.adaptation.noise_warmup import warmup_refresh_every
+from numpyro_sgd.validation import DEFAULT_WARMUP_PASSES
 
 PRECONDITIONERS = ["full", "diag", "sqrt", "scalar"]
 
@@ -276,7 +276,7 @@ def test_noise_estimator_needs_two_examples():
 
 def test_warmup_with_sparse_refreshes_estimates_the_noise(wide_linreg):
     """At D = 40 warmup takes per-example gradients on every k = 3rd SG step only
-    (:func:`~numpyro_sgd.warmup.warmup_refresh_every`). The frozen noise estimate must still match
+    (:func:`~numpyro_sgd.adaptation.noise_warmup.warmup_refresh_every`). The frozen noise estimate must still match
     the exact Q: 3,000 warmup steps, a window of 1,200, so 400 refreshes × S = 200 per-example
     gradients, as in ``test_noise_estimate_matches_exact`` (relative sd of a variance ≈ 0.01, so
     10 % is > 5 sd for each of the 40 coordinates). And the stationary covariance that the frozen

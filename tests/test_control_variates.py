@@ -19,15 +19,15 @@ from numpyro.diagnostics import effective_sample_size
 from numpyro.infer import MCMC
 
 from numpyro_sgd import EWSG, SGHMC, SGLD, ConstantSGD, OverdampedEWSG, SGWithinGibbs, VariationalEM
-from numpyro_sgd.control_variates import (
+from numpyro_sgd.adaptation.control_variates import (
     ControlVariateOracle,
     control_variate_noise,
     full_potential_and_grad,
     newton_centre,
 )
-from numpyro_sgd.diffusions import exponential_overdamped_langevin
-from numpyro_sgd.noise import exponential_step_size
-from numpyro_sgd.theory import exponential_autocorrelation_time
+from numpyro_sgd.numerics.diffusions import exponential_overdamped_langevin
+from numpyro_sgd.numerics.step_rules import exponential_step_size
+from numpyro_sgd.numerics.theory import exponential_autocorrelation_time
 
 N, D, S = 20_000, 5, 200
 _rng = np.random.default_rng(1)

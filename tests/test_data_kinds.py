@@ -2,7 +2,7 @@
 reads them in place: ``model_args.AUTO_STREAM_BYTES``, lowered here), pandas columns and
 memory-mapped files.
 
-A fitted kernel's ``model`` (:class:`numpyro_sgd.potential.AllRows`) sets each subsample plate to
+A fitted kernel's ``model`` (:class:`numpyro_sgd.model.discovery.AllRows`) sets each subsample plate to
 all N rows, so every consumer of a run evaluates the full data: ArviZ's own export
 (``az.from_numpyro``, which traces the model under a ``jit``), NumPyro's ``Predictive`` and
 ``log_likelihood``, and the package's ``to_arviz``, ``check_run`` and ``loo_subsample``. The plate
@@ -24,7 +24,8 @@ import numpyro.distributions as dist
 import pytest
 from numpyro.infer import MCMC, Predictive, log_likelihood
 
-from numpyro_sgd import ConstantSGD, SGWithinGibbs, StreamedRows, check_run, loo_subsample, model_args, native, to_arviz
+from numpyro_sgd import ConstantSGD, SGWithinGibbs, StreamedRows, check_run, loo_subsample, to_arviz
+from numpyro_sgd.data import model_args, native
 
 pd = pytest.importorskip("pandas")
 

@@ -2,7 +2,7 @@
 
 With ``step_size=None`` (and ``friction=None``) the noise warmup estimates the minibatch
 gradient-noise covariance Q and the curvature A, and ``end_warmup`` sets the steps from
-``target_inflation`` τ (formulas in :mod:`numpyro_sgd.noise`: ``sgld_step_size``,
+``target_inflation`` τ (formulas in :mod:`numpyro_sgd.numerics.noise`: ``sgld_step_size``,
 ``sghmc_steps``, ``santa_step_size``). A given step size keeps the old burn-in path.
 """
 
@@ -22,10 +22,10 @@ from numpyro.distributions import constraints
 from numpyro.infer import MCMC
 
 from numpyro_sgd import EWSG, PSGLD, SGHMC, SGLD, OverdampedEWSG, Santa, VariationalEM
-from numpyro_sgd.checks import MIN_PREDICTED_ESS
-from numpyro_sgd.noise import TARGET_INFLATION, santa_step_size, sghmc_steps, sgld_step_size
-from numpyro_sgd.theory import langevin_autocorrelation_time
-from numpyro_sgd.warmup import curvature_basis
+from numpyro_sgd.adaptation.coordinates import curvature_basis
+from numpyro_sgd.driver.init_checks import MIN_PREDICTED_ESS
+from numpyro_sgd.numerics.step_rules import TARGET_INFLATION, santa_step_size, sghmc_steps, sgld_step_size
+from numpyro_sgd.numerics.theory import langevin_autocorrelation_time
 
 #: a small, mildly correlated conjugate regression: S/N = 0.1 makes the chains at the default
 #: steps forget their state in ~10² SG steps, so a few seconds give an ESS of several hundred
@@ -286,7 +286,7 @@ def test_preconditioner_argument(small_linreg):
                          ids=["SGLD", "SGHMC", "EWSG"])
 def test_a_run_too_short_for_the_chosen_steps_warns_at_the_end_of_warmup(problem, kernel_cls):
     """At the end of warmup the chosen steps predict the chain's integrated autocorrelation time
-    (``SampleBlock.relaxation``, :func:`~numpyro_sgd.theory.langevin_autocorrelation_time` at the
+    (``SampleBlock.relaxation``, :func:`~numpyro_sgd.numerics.theory.langevin_autocorrelation_time` at the
     curvature N of the curvature's coordinates): a run of one SG step per sample (N/S = 10 here)
     predicts an ESS near 10 per chain and warns during ``mcmc.run``, before sampling. The draws'
     ESS then agrees with the prediction within a factor of 3 (the ESS estimate of so short a run

@@ -99,7 +99,7 @@ SCRIPT = textwrap.dedent(r"""
                 out[f"hlo_rows_{label}"] = sorted(set(re.findall(r"f32\[(\d+),3\]", hlo)))
 
     # the cluster law on a mesh: each device draws S/(2B) clusters of B = 5 consecutive rows of its own shard
-    from numpyro_sgd.sharding import DataParallelOracle
+    from numpyro_sgd.model.sharding import DataParallelOracle
     kernel = ConstantSGD(regression, preconditioner="full", mesh=mesh, cluster_size=5)
     mcmc = MCMC(kernel, num_warmup=100, num_samples=150, progress_bar=False, jit_model_args=True)
     mcmc.run(jax.random.key(5), Xs, ts)

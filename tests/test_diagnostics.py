@@ -8,8 +8,11 @@ import numpyro.distributions as dist
 import pytest
 from numpyro.infer import MCMC, log_likelihood
 
-from numpyro_sgd import SGLD, arviz_compat
-from numpyro_sgd.diagnostics import compare, draws_of, moment_errors, to_arviz
+from numpyro_sgd import SGLD
+from numpyro_sgd.diagnostics import arviz_compat
+from numpyro_sgd.diagnostics.arviz_export import to_arviz
+from numpyro_sgd.diagnostics.compare import compare, moment_errors
+from numpyro_sgd.diagnostics.runs import draws_of
 
 N, S = 300, 20
 Y = jnp.asarray(np.random.default_rng(0).normal(1.0, 0.5, N))
@@ -99,7 +102,7 @@ def test_nuts_reference_is_the_full_data_posterior(run):
     s/√N ≈ 0.029; NUTS's Monte Carlo error with 2 × 300 draws is about 0.05 sd, the N(0, 10)
     prior moves the mean by < 0.001 sd) and sd within 20 % (Monte Carlo error about 3 %). A
     minibatch posterior (S = 20) would have an sd √(N/S) ≈ 3.9 times larger."""
-    from numpyro_sgd.diagnostics import nuts_reference
+    from numpyro_sgd.diagnostics.compare import nuts_reference
 
     nuts = nuts_reference(run, num_warmup=300, num_samples=300)
     mu = np.asarray(nuts.get_samples()["mu"])

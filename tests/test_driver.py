@@ -67,7 +67,7 @@ def test_auto_preconditioner_is_one_rule():
     """preconditioner="auto" (the default of ConstantSGD, SGFS, IASG): full up to D = 1000, diag
     above; IASG with a given ε runs Alg. 1 as written (H = I)."""
     from numpyro_sgd import IASG, SGFS
-    from numpyro_sgd.noise import AUTO_FULL_MAX_DIM, resolve_preconditioner
+    from numpyro_sgd.numerics.preconditioners import AUTO_FULL_MAX_DIM, resolve_preconditioner
 
     assert resolve_preconditioner("auto", AUTO_FULL_MAX_DIM) == "full"
     assert resolve_preconditioner("auto", AUTO_FULL_MAX_DIM + 1) == "diag"
@@ -181,7 +181,7 @@ def test_a_step_onto_the_support_boundary_is_rejected():
     assert not bool(potential.constrained_in_support(at(800.0)))  # σ = inf
     from numpyro.distributions import biject_to, constraints
 
-    from numpyro_sgd.discovery import in_open_support
+    from numpyro_sgd.model.discovery import in_open_support
 
     # NumPyro's sigmoid clips strictly inside (0, 1), so a logit of 40 stays in the support
     assert bool(in_open_support(biject_to(constraints.unit_interval), jnp.asarray(40.0, jnp.float32)))
@@ -211,7 +211,7 @@ def test_non_finite_data_are_named_before_sampling():
 def test_the_finite_check_reads_wide_data_in_small_blocks(monkeypatch):
     """all_finite reads about FINITE_CHECK_ELEMENTS values at a time whatever the width (blocks of
     10⁶ rows held 50 MB of booleans at D = 50), and still sees a NaN in the last block."""
-    from numpyro_sgd import checks
+    from numpyro_sgd.driver import init_checks as checks
 
     monkeypatch.setattr(checks, "FINITE_CHECK_ELEMENTS", 64)
     reads = []

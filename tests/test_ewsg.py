@@ -11,8 +11,9 @@ import pytest
 from numpyro.infer import MCMC
 
 from numpyro_sgd import EWSG, EWSGVR, SGHMC, SGLD, OverdampedEWSG
-from numpyro_sgd.diagnostics import gaussian_kl
-from numpyro_sgd.ewsg import ewsg_update, index_acceptance_rate, index_chain, overdamped_ewsg_update
+from numpyro_sgd.diagnostics.compare import gaussian_kl
+from numpyro_sgd.kernels.langevin import ewsg_update, overdamped_ewsg_update
+from numpyro_sgd.numerics.index_chain import index_acceptance_rate, index_chain
 
 # ---------------------------------------------------------------------------- models
 Y = jnp.asarray(np.random.default_rng(0).normal(2.0, 1.0, 1000))
@@ -305,7 +306,7 @@ def test_the_index_chain_turns_the_minibatch_inflation_of_the_default_step_into_
     0.978 (M = 1) and 0.951 (M = 3) against SGHMC's 1.057, the steps identical).
 
     SGHMC's rule sets h so that uniform minibatches inflate the variance by τ: 1 + hq/(2γ) + ha/γ
-    (:func:`~numpyro_sgd.noise.sghmc_steps`). The index chain targets weights exp(c (u + ξ_B)²/2),
+    (:func:`~numpyro_sgd.numerics.step_rules.sghmc_steps`). The index chain targets weights exp(c (u + ξ_B)²/2),
     c = h/(2γ), u = γr + aθ (Eq. 4 with x from the momentum), so the chosen minibatch's noise ξ_B,
     N(0, q) under uniform draws, is tilted to N(c q' u, q'), q' = q/(1 − cq): friction and force both
     grow by k = 1 + cq' while the noise grows to 2γh + h²q', a temperature (1 + cq')/k = 1, so the

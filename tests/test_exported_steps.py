@@ -15,11 +15,11 @@ from jax import random
 from numpyro.infer import MCMC
 
 from numpyro_sgd import EWSG, PSGLD, SGFS, SGHMC, SGLD, ConstantSGD, OverdampedEWSG, Santa
-from numpyro_sgd.constant_sgd import constant_sgd_step
-from numpyro_sgd.ewsg import ewsg_update, overdamped_ewsg_update
-from numpyro_sgd.santa import santa_step
-from numpyro_sgd.sgfs import sgfs_step
-from numpyro_sgd.sgld import psgld_step, sgld_step
+from numpyro_sgd.kernels.constant_sgd import constant_sgd_step
+from numpyro_sgd.kernels.langevin import ewsg_update, overdamped_ewsg_update, sgld_step
+from numpyro_sgd.kernels.santa import santa_step
+from numpyro_sgd.kernels.sgfs import sgfs_step
+from numpyro_sgd.kernels.sgld import psgld_step
 
 N, S = 800, 40
 Y = jnp.asarray(np.random.default_rng(3).normal(1.5, 1.0, N))

@@ -22,7 +22,7 @@ from numpyro.infer import MCMC
 from numpyro.infer.reparam import LocScaleReparam
 
 from numpyro_sgd import ConstantSGD, MinibatchOracle, SGWithinGibbs, centre_loc_scale, hyper_candidates
-from numpyro_sgd.base import pick_chain
+from numpyro_sgd.protocol import pick_chain
 
 J, N_PER_GROUP, S, SIGMA, PRIOR_SD_MU = 8, 250, 100, 5.0, 10.0
 #: z of the z·MCSE tolerances: two-sided normal tail 6·10⁻⁵ per check, ~10 checks with fixed seeds
@@ -353,7 +353,7 @@ def test_groups_with_no_rows_or_few_rows_are_named_at_init():
                                          r"10 rows per minibatch of S = 200 \(fewest: z\[6\], 3\).*at least 667"):
         kernel.init(jax.random.key(0), 0, None, (jnp.asarray(g), jnp.asarray(y)), {})
     # check_run's advice for this kernel names the group-size cause, as init found it ...
-    from numpyro_sgd.run_checks import _gibbs_hint
+    from numpyro_sgd.diagnostics.run_checks import _gibbs_hint
 
     assert "Groups with too few rows per minibatch also give this (init warned: the group latent 'z'" in \
         _gibbs_hint(kernel)
@@ -366,7 +366,7 @@ def test_groups_with_no_rows_or_few_rows_are_named_at_init():
 def test_a_second_init_on_the_same_data_reuses_the_structure(data, monkeypatch):
     """The hyper sites and the per-group row counts (a gradient per row) are found once per data:
     a second init with the same arrays reuses them and warns again; new arrays are scanned anew."""
-    import numpyro_sgd.gibbs as gibbs
+    import numpyro_sgd.kernels.gibbs as gibbs
 
     scans = []
     original = gibbs.rows_per_group
@@ -411,7 +411,7 @@ def test_integer_model_argument_at_the_documented_subsample_size(monkeypatch):
     and S = 800 of 60 × 80 rows gives 13 rows of each patient per minibatch, so the per-group row
     count runs (it is skipped below 10 on average). It traced the count, and the patients plate's
     size check failed on the tracer. Now it runs, and names a patient with too few rows."""
-    import numpyro_sgd.gibbs as gibbs
+    import numpyro_sgd.kernels.gibbs as gibbs
 
     scans = []
     original = gibbs.rows_per_group
@@ -501,6 +501,6 @@ def test_a_support_that_depends_on_the_other_block_is_refused(data, model, match
 def test_support_parents(data, model, expected):
     """Only a support whose parameters are computed from latent sites has parents: the constant
     bound of a TruncatedNormal does not depend on its loc and scale."""
-    from numpyro_sgd.structure import support_parents
+    from numpyro_sgd.model.structure import support_parents
 
     assert support_parents(model, data, {}, list(expected)) == expected

@@ -17,8 +17,8 @@ import pytest
 from numpyro.infer import MCMC
 
 from numpyro_sgd import IASG
-from numpyro_sgd.iasg import default_step_product
-from numpyro_sgd.theory import (
+from numpyro_sgd.kernels.iasg import default_step_product
+from numpyro_sgd.numerics.theory import (
     averaged_variance_shortfall,
     iasg_covariance,
     iterate_average_covariance,
@@ -250,8 +250,8 @@ def test_driver_refuses_steps_per_sample_for_a_summarising_block():
     """A sample that summarises its block (SampleBlock.summarises) fixes the block's length: the
     driver refuses a steps_per_sample for any such algorithm (IASG refuses it at construction;
     here a kernel built directly on `iasg`), instead of letting the window silently win."""
-    from numpyro_sgd.base import SGKernel
-    from numpyro_sgd.iasg import iasg
+    from numpyro_sgd.driver.kernel import SGKernel
+    from numpyro_sgd.kernels.iasg import iasg
 
     class Averaged(SGKernel):
         def _build(self, potential, adapt_steps_per_sample=True):

@@ -16,7 +16,7 @@ from numpyro.distributions import constraints
 from numpyro.infer import MCMC
 
 from numpyro_sgd import EWSG, IASG, PSGLD, SGFS, SGHMC, SGLD, ConstantSGD, OverdampedEWSG, Santa, VariationalEM
-from numpyro_sgd.ewsg import EWSGVR
+from numpyro_sgd.kernels.ewsg import EWSGVR
 
 N = 1_000
 _rng = np.random.default_rng(0)

@@ -1,9 +1,10 @@
-"""The package's modules import in one direction (issue 29, item 2).
+"""The package's folders import in one direction, and its modules stay readable.
 
 Every module of ``numpyro_sgd`` is parsed with ``ast``; its imports of other package modules,
-including those made inside functions, form a graph that must have no cycle and must follow the
-layer order declared below (docs/internals.md, "Module layering"): a module imports only from
-strictly lower layers.
+including those made inside functions, form a graph that must have no cycle. Each module belongs to
+a folder (the top-level modules to the bottom or the top), and the folders are ordered: a module
+imports only from its own folder or from lower ones (docs/internals.md, "Layout"). A new module in
+an existing folder needs no declaration here.
 """
 
 import ast
@@ -17,68 +18,64 @@ import numpyro_sgd
 
 PACKAGE = pathlib.Path(numpyro_sgd.__file__).parent
 
-#: the layers, lowest first; a module may import package modules of lower layers only
-LAYERS = [
-    # dense linear algebra that never runs batched (no package imports)
-    {"linalg"},
-    # leaves: no package imports but linalg
-    {"validation", "noise", "theory", "schedules", "diffusions", "index_chain", "arviz_compat", "datasets",
-     "protocol", "native", "replay", "programs", "progress"},
-    # data read in place (uses the native row reader)
-    {"streaming"},
-    # the model's arguments as the kernels see them (array leaves, streamed rows, tracers)
-    {"model_args", "basis"},
-    # how minibatch rows are drawn: index draws and the minibatch-law policy
-    {"indices"},
-    # from a model to its sites and plates: the discovery trace, the plate handlers, the checks
-    {"discovery"},
-    # what a step may ask of the model: the minibatch oracle
-    {"oracle"},
-    # the subsampled potential (evaluation)
-    {"potential"},
-    # control-variate gradients about a centre (an oracle over the potential's oracle)
-    {"control_variates"},
-    # what the driver and the algorithms build on: sharded oracle, structure detection, the
-    # pointwise log-likelihood, the warmup adapter
-    {"sharding", "structure", "likelihood", "warmup"},
-    # the driver's init-time checks; the Langevin steps shared by SGLD, SGHMC and EWSG
-    {"checks", "langevin", "loop"},
-    # the driver
-    {"base"},
-    # a kernel that runs another kernel's algorithm inside its own
-    {"wrapper"},
-    # the kernels and wrappers (none imports another)
-    {"constant_sgd", "sgfs", "iasg", "santa", "sgld", "sghmc", "ewsg", "gibbs", "vem"},
-    # reading runs: a run's draws and arguments; the end-of-run checks; comparison, ArviZ, plots
-    {"export"},
-    {"run_checks"},
-    {"diagnostics"},
-    {"loo"},
-    {"__init__"},
-]
+#: the folders, lowest first; "" holds the top-level modules below every folder, and
+#: "__init__" the package's public names, above them all
+FOLDERS = ["", "numerics", "data", "minibatch", "model", "adaptation", "driver", "kernels", "diagnostics",
+           "__init__"]
+#: top-level modules (folder "") and the package's __init__
+TOP = {"protocol", "validation", "datasets"}
 
 
-def import_graph(package_dir):
+def module_name(path):
+    """``numerics.noise`` for numpyro_sgd/numerics/noise.py; ``__init__`` for the package's."""
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(parts)
+
+
+def folder_of(module):
+    if module == "__init__":
+        return "__init__"
+    return module.split(".")[0] if "." in module else ""
+
+
+def modules(package_dir=PACKAGE):
+    return {module_name(p): p for p in package_dir.rglob("*.py") if p.name != "__init__.py"} | {
+        "__init__": package_dir / "__init__.py"}
+
+
+def resolve(importer, level, module):
+    """The package module an ``ImportFrom`` names (None outside the package)."""
+    if level == 0:
+        if not module or module.split(".")[0] != "numpyro_sgd":
+            return None
+        return ".".join(module.split(".")[1:]) or ""
+    base = importer.split(".")[:-1] if importer != "__init__" else []
+    base = base[: len(base) - (level - 1)]
+    return ".".join(base + (module.split(".") if module else []))
+
+
+def import_graph(package_dir=PACKAGE):
     """``{module: {imported package module: first line}}``, counting imports inside functions."""
-    modules = {p.stem for p in package_dir.glob("*.py")}
+    known = modules(package_dir)
     graph = {}
-    for path in sorted(package_dir.glob("*.py")):
+    for name, path in sorted(known.items()):
         deps = {}
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names = []
+            targets = []
             if isinstance(node, ast.ImportFrom):
-                if node.level == 1:  # from .x import y / from . import x
-                    names = [node.module.split(".")[0]] if node.module else [a.name for a in node.names]
-                elif node.level == 0 and node.module and node.module.split(".")[0] == "numpyro_sgd":
-                    parts = node.module.split(".")
-                    names = [parts[1]] if len(parts) > 1 else [a.name for a in node.names]
+                target = resolve(name, node.level, node.module)
+                if target is None:
+                    continue
+                for alias in node.names:  # from .x import y: y may be a module of package x
+                    sub = f"{target}.{alias.name}" if target else alias.name
+                    targets.append(sub if sub in known else target)
             elif isinstance(node, ast.Import):
-                names = [a.name.split(".")[1] for a in node.names
-                         if a.name.startswith("numpyro_sgd.") and len(a.name.split(".")) > 1]
-            for name in names:
-                if name in modules and name != path.stem:
-                    deps.setdefault(name, node.lineno)
-        graph[path.stem] = deps
+                targets = [".".join(a.name.split(".")[1:]) for a in node.names
+                           if a.name.split(".")[0] == "numpyro_sgd" and "." in a.name]
+            for t in targets:
+                if t in known and t != name:
+                    deps.setdefault(t, node.lineno)
+        graph[name] = deps
     return graph
 
 
@@ -108,26 +105,52 @@ def find_cycle(graph):
     return None
 
 
-def layer_violations(graph):
-    """``module:line imports module`` for every import that is not strictly downward."""
-    layer = {m: i for i, group in enumerate(LAYERS) for m in group}
-    return [f"{m}:{line} imports {d} (layer {layer[m]} -> {layer[d]})"
-            for m, deps in graph.items() for d, line in deps.items() if layer[d] >= layer[m]]
+def folder_violations(graph):
+    """``module:line imports module`` for every import into a higher folder."""
+    rank = {f: i for i, f in enumerate(FOLDERS)}
+    return [f"{m}:{line} imports {d} (folder {folder_of(m)!r} -> {folder_of(d)!r})"
+            for m, deps in graph.items() for d, line in deps.items() if rank[folder_of(d)] > rank[folder_of(m)]]
 
 
-def test_every_module_has_a_layer():
-    declared = set().union(*LAYERS)
-    modules = {p.stem for p in PACKAGE.glob("*.py")}
-    assert modules - declared == set(), "declare the new modules' layer in LAYERS and docs/internals.md"
-    assert declared - modules == set()
+def test_every_module_is_in_a_known_folder():
+    """The folders are the ones ordered above, and the top level holds only the named modules."""
+    folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert folders == set(FOLDERS) - {"", "__init__"}
+    top = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__"}
+    assert top == TOP
 
 
 def test_no_import_cycle():
-    assert find_cycle(import_graph(PACKAGE)) is None
+    assert find_cycle(import_graph()) is None
 
 
-def test_imports_go_down_the_layers():
-    assert layer_violations(import_graph(PACKAGE)) == []
+def test_imports_go_down_the_folders():
+    assert folder_violations(import_graph()) == []
+
+
+def test_the_checks_see_a_violation_and_a_cycle():
+    """The two checks above can fail: an upward import and a cycle are found."""
+    graph = {"numerics.noise": {"kernels.sgld": 3}, "kernels.sgld": {"numerics.noise": 1}}
+    assert folder_violations(graph) == ["numerics.noise:3 imports kernels.sgld (folder 'numerics' -> 'kernels')"]
+    assert find_cycle(graph) == ["kernels.sgld", "numerics.noise", "kernels.sgld"]
+
+
+def test_no_folder_is_a_crowd_and_no_module_a_house_of_its_own():
+    """At most 12 modules a folder, at most 600 lines a module, the driver's kernel at most 500."""
+    crowded = {p.name: n for p in PACKAGE.iterdir() if p.is_dir()
+               if (n := len([m for m in p.glob("*.py") if m.name != "__init__.py"])) > 12}
+    assert crowded == {}
+    sizes = {module_name(p): len(p.read_text(encoding="utf-8").splitlines()) for p in PACKAGE.rglob("*.py")}
+    assert sizes["driver.kernel"] <= 500, sizes["driver.kernel"]
+    assert {name: n for name, n in sizes.items() if n > 600} == {}
+
+
+def test_subpackages_re_export_nothing():
+    """Inside the package a name is imported from the module that defines it: a folder's
+    ``__init__`` holds its docstring only."""
+    for init in PACKAGE.glob("*/__init__.py"):
+        body = ast.parse(init.read_text(encoding="utf-8")).body
+        assert all(isinstance(node, ast.Expr) for node in body), init
 
 
 def test_import_leaves_arviz_unimported():
@@ -136,7 +159,7 @@ def test_import_leaves_arviz_unimported():
     ``arviz_compat.ARVIZ_1`` reads the installed distribution's version. Importing ``arviz_stats``
     to detect ArviZ 1.x had cost 1.8 of the 4.0 s of ``import numpyro_sgd`` (Python 3.12, ArviZ 1.3)."""
     code = ("import sys, numpyro_sgd\n"
-            "from numpyro_sgd import arviz_compat\n"
+            "from numpyro_sgd.diagnostics import arviz_compat\n"
             "print(arviz_compat.ARVIZ_1, sorted(m for m in sys.modules if m.split('.')[0] in ('arviz', 'arviz_stats')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
@@ -154,18 +177,11 @@ def test_import_leaves_arviz_unimported():
 def test_no_underscore_name_crosses_a_module_border():
     """What two modules of the package share is public: no ``from .x import _name``."""
     crossing = []
-    for path in sorted(PACKAGE.glob("*.py")):
+    for path in sorted(PACKAGE.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             package = isinstance(node, ast.ImportFrom) and (
-                node.level == 1 or (node.module or "").split(".")[0] == "numpyro_sgd")
+                node.level >= 1 or (node.module or "").split(".")[0] == "numpyro_sgd")
             if package:
                 crossing += [f"{path.name}:{node.lineno} {a.name}" for a in node.names
                              if a.name.startswith("_") and not a.name.startswith("__")]
     assert crossing == []
-
-
-def test_no_module_is_a_house_of_its_own():
-    """The driver stays thin and no module grows past what a reader takes in (issue 47)."""
-    sizes = {p.name: len(p.read_text(encoding="utf-8").splitlines()) for p in PACKAGE.glob("*.py")}
-    assert sizes["base.py"] <= 500, sizes["base.py"]
-    assert {name: n for name, n in sizes.items() if n > 700} == {}

@@ -2,7 +2,7 @@
 
 jaxlib's CPU LAPACK kernels split a batch into tasks on XLA's intra-op pool and block the calling
 thread until they finish; two such calls running at once on pool threads can wait on each other
-for ever (``numpyro_sgd.linalg``). The checks: the wrappers give jnp.linalg's values, batched or
+for ever (``numpyro_sgd.numerics.linalg``). The checks: the wrappers give jnp.linalg's values, batched or
 not; under ``vmap`` their jaxpr holds no LAPACK primitive with a batch dimension; every kernel's
 vmapped warmup step, end of warmup and sampling step (the programs the vectorized chains run)
 hold none either, at D = 55; and, end to end in a subprocess under a timeout, every kernel that
@@ -22,7 +22,8 @@ import numpyro
 import numpyro.distributions as dist
 import pytest
 
-from numpyro_sgd import EWSG, IASG, PSGLD, SGFS, SGHMC, SGLD, ConstantSGD, OverdampedEWSG, Santa, linalg
+from numpyro_sgd import EWSG, IASG, PSGLD, SGFS, SGHMC, SGLD, ConstantSGD, OverdampedEWSG, Santa
+from numpyro_sgd.numerics import linalg
 
 #: the primitives jaxlib lowers to LAPACK (or BLAS trsm) custom calls on the CPU
 LAPACK_PRIMITIVES = {"cholesky", "eigh", "triangular_solve", "lu", "qr", "householder_product", "geqrf", "svd",

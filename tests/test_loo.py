@@ -1,4 +1,4 @@
-"""Subsampled PSIS-LOO (numpyro_sgd.loo) against full PSIS-LOO on exact posterior draws.
+"""Subsampled PSIS-LOO (numpyro_sgd.diagnostics.loo) against full PSIS-LOO on exact posterior draws.
 
 The model is Bayesian linear regression with known noise sd 1 and prior w ~ N(0, I): the posterior
 is N((I + XᵀX)⁻¹ Xᵀy, (I + XᵀX)⁻¹), so the draws are exact and cheap, and full-data PSIS-LOO on
@@ -19,10 +19,12 @@ import numpyro.distributions as dist
 import pytest
 from numpyro.infer import MCMC
 
-from numpyro_sgd import SGLD, arviz_compat, compare_loo, loo
-from numpyro_sgd import diagnostics as diag
-from numpyro_sgd.diagnostics import pointwise_log_likelihood, to_arviz
-from numpyro_sgd.loo import loo_subsample
+from numpyro_sgd import SGLD, compare_loo
+from numpyro_sgd.diagnostics import arviz_compat, loo
+from numpyro_sgd.diagnostics import arviz_export as diag
+from numpyro_sgd.diagnostics.arviz_export import to_arviz
+from numpyro_sgd.diagnostics.loo import loo_subsample
+from numpyro_sgd.diagnostics.runs import pointwise_log_likelihood
 
 # the tests' vectorised PSIS-LOO (a module beside this file; --import-mode=importlib puts no test
 # folder on sys.path)

@@ -1,4 +1,4 @@
-"""The minibatch law at large N: the cluster law (numpyro_sgd.potential.cluster_indices), its size
+"""The minibatch law at large N: the cluster law (numpyro_sgd.minibatch.indices.cluster_indices), its size
 rule, its noise estimate, the ordered-data check and the stationary law of ConstantSGD under it;
 and the minibatch size S the kernel picks (choose_subsample_size)."""
 
@@ -13,18 +13,18 @@ import pytest
 from jax import random
 from numpyro.infer import MCMC
 
-import numpyro_sgd.indices as indices_module
+import numpyro_sgd.minibatch.indices as indices_module
 from numpyro_sgd import EWSG, IASG, ConstantSGD
 from numpyro_sgd.datasets import shuffle_rows
-from numpyro_sgd.noise import cluster_rows, noise_estimator
-from numpyro_sgd.potential import (
-    SubsampledPotential,
+from numpyro_sgd.minibatch.indices import (
     choose_cluster_size,
     choose_subsample_size,
     cluster_indices,
     order_design_effect,
     resolve_cluster_sizes,
 )
+from numpyro_sgd.model.potential import SubsampledPotential
+from numpyro_sgd.numerics.noise import cluster_rows, noise_estimator
 
 
 def test_cluster_indices_are_uniform_circular_runs():

@@ -34,7 +34,7 @@ WORKER = textwrap.dedent(r"""
     read = []
     if len(sys.argv) > 3:  # the files, memory-mapped whole by each process and streamed: record what is read
         from numpyro_sgd import stream
-        from numpyro_sgd.streaming import StreamedRows
+        from numpyro_sgd.data.streaming import StreamedRows
 
         gather = StreamedRows.gather
         StreamedRows.gather = lambda self, idx: read.append([int(np.min(idx)), int(np.max(idx)), int(np.size(idx))]) or gather(self, idx)

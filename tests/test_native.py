@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 
-from numpyro_sgd import native
+from numpyro_sgd.data import native
 
 CXX = shutil.which(os.environ.get("CXX", "c++"))
 needs_compiler = pytest.mark.skipif(CXX is None, reason="no C++ compiler on this machine to build a library with")
@@ -34,7 +34,7 @@ LOAD = textwrap.dedent("""
     import warnings
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        from numpyro_sgd import native
+        from numpyro_sgd.data import native
         print("AVAILABLE", native.available())
     for w in caught:
         print("WARNING", str(w.message))

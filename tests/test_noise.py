@@ -5,12 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from numpyro_sgd.noise import (
-    discrete_time_correction,
-    kl_optimal_preconditioner,
-    noise_estimator,
-)
-from numpyro_sgd.potential import PlateInfo
+from numpyro_sgd.model.discovery import PlateInfo
+from numpyro_sgd.numerics.noise import discrete_time_correction, noise_estimator
+from numpyro_sgd.numerics.preconditioners import kl_optimal_preconditioner
 
 D, S, STEPS = 4, 20, 500
 COV = np.array([[2.0, 0.6, 0.0, 0.3], [0.6, 1.0, 0.2, 0.0], [0.0, 0.2, 0.5, 0.1], [0.3, 0.0, 0.1, 3.0]])

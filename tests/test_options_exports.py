@@ -19,8 +19,9 @@ from numpyro.distributions import constraints
 from numpyro.infer import MCMC
 
 from numpyro_sgd import SGFS, SGLD, VariationalEM, robbins_monro
-from numpyro_sgd.diagnostics import compare, to_arviz
-from numpyro_sgd.schedules import check_schedule, polynomial_annealing
+from numpyro_sgd.diagnostics.arviz_export import to_arviz
+from numpyro_sgd.diagnostics.compare import compare
+from numpyro_sgd.numerics.schedules import check_schedule, polynomial_annealing
 
 N, S = 200, 20
 
@@ -230,7 +231,7 @@ def test_every_builder_takes_its_potential_then_keywords():
 
     import numpyro_sgd
 
-    ewsg_module = importlib.import_module("numpyro_sgd.ewsg")  # numpyro_sgd.ewsg is also the builder's name
+    ewsg_module = importlib.import_module("numpyro_sgd.kernels.ewsg")
 
     builders = [numpyro_sgd.constant_sgd, numpyro_sgd.sgfs, numpyro_sgd.iasg, numpyro_sgd.sgld, numpyro_sgd.psgld,
                 numpyro_sgd.sghmc, numpyro_sgd.santa_algorithm, ewsg_module.ewsg, ewsg_module.overdamped_ewsg,

@@ -31,8 +31,9 @@ from numpyro.distributions import constraints
 from numpyro.infer import MCMC
 
 from numpyro_sgd import EWSG, IASG, SGFS, SGLD, ConstantSGD, SGWithinGibbs, VariationalEM, check_run
-from numpyro_sgd.diagnostics import compare, nuts_reference, to_arviz
-from numpyro_sgd.loo import loo_subsample
+from numpyro_sgd.diagnostics.arviz_export import to_arviz
+from numpyro_sgd.diagnostics.compare import compare, nuts_reference
+from numpyro_sgd.diagnostics.loo import loo_subsample
 
 N = 1_000
 _rng = np.random.default_rng(0)

@@ -16,7 +16,8 @@ import pytest
 from numpyro.infer import MCMC
 
 from numpyro_sgd import SGLD, ConstantSGD, check_run
-from numpyro_sgd.diagnostics import compare, to_arviz
+from numpyro_sgd.diagnostics.arviz_export import to_arviz
+from numpyro_sgd.diagnostics.compare import compare
 
 
 def _run(kernel, problem, num_warmup=100, num_samples=300, init_params=None, **kw):
@@ -137,7 +138,7 @@ def test_progress_bar_final_line_shows_final_state(small_linreg, capfd, monkeypa
 def test_check_run_reports_a_check_it_cannot_evaluate_and_runs_the_others(small_linreg, monkeypatch):
     """A gradient check that raises on some model (issue 30: NumPyro's argument check at a mean
     outside a dependent support) is reported by name, not raised, and the other checks run."""
-    import numpyro_sgd.run_checks as run_checks
+    import numpyro_sgd.diagnostics.run_checks as run_checks
 
     mcmc = _run(SGLD(small_linreg.model, step_size=1.0, steps_per_sample=1), small_linreg,
                 num_warmup=10, num_samples=50)

@@ -10,7 +10,7 @@ import pytest
 from numpyro.infer import MCMC
 
 from numpyro_sgd import SGLD, robbins_monro
-from numpyro_sgd.sgld import sgld_step
+from numpyro_sgd.kernels.langevin import sgld_step
 
 
 def test_temperature_zero_is_a_gradient_step():

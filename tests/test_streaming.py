@@ -1,4 +1,4 @@
-"""Data read in place (numpyro_sgd.streaming): memory-mapped files, .npy shards and stream().
+"""Data read in place (numpyro_sgd.data.streaming): memory-mapped files, .npy shards and stream().
 
 The streamed path must give the same draws as the same data in device memory (the rows a step
 reads are the same rows, gathered on the host instead of by XLA), read nothing whole, and refuse
@@ -156,7 +156,7 @@ def test_shuffle_to_writes_one_random_order_in_bounded_memory(files, tmp_path):
 
 
 def test_to_arviz_refuses_a_pointwise_log_likelihood_larger_than_memory(files, monkeypatch):
-    import numpyro_sgd.diagnostics as diagnostics
+    import numpyro_sgd.diagnostics.arviz_export as diagnostics
 
     d, X, y = files
     mcmc = run(ConstantSGD(model), np.load(d / "X.npy", mmap_mode="r"), np.load(d / "y.npy", mmap_mode="r"))
@@ -171,7 +171,7 @@ import numpy as np, jax, jax.numpy as jnp, numpyro, numpyro.distributions as dis
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from numpyro.infer import MCMC
 from numpyro_sgd import ConstantSGD, stream
-from numpyro_sgd.streaming import StreamedRows
+from numpyro_sgd.data.streaming import StreamedRows
 
 assert jax.device_count() == 2
 d, n, s = sys.argv[1], 4000, 200
@@ -231,7 +231,7 @@ def test_a_plates_streamed_arrays_are_read_by_one_callback(files):
     """X[idx] and y[idx] under one plate are one host callback (its fixed cost paid once a step),
     with the values of the same potential on device arrays; an array of another length keeps its
     own callback."""
-    from numpyro_sgd.potential import SubsampledPotential
+    from numpyro_sgd.model.potential import SubsampledPotential
 
     d, X, y = files
     streamed = (stream(d / "X.npy", reader="callback"), stream(d / "y.npy", reader="callback"))
@@ -254,8 +254,8 @@ def test_the_native_reader_reads_each_array_in_one_custom_call(files, tmp_path):
     same potential on device arrays; under vmap (chains), for static views (a column, reversed
     rows) and for shards (runs across shard boundaries, an empty shard) too; float64 rows too
     (the tests run with x64; without it they are narrowed, next test)."""
-    from numpyro_sgd import native
-    from numpyro_sgd.potential import SubsampledPotential
+    from numpyro_sgd.data import native
+    from numpyro_sgd.model.potential import SubsampledPotential
 
     d, X, y = files
     if shutil.which(os.environ.get("CXX", "c++")) is None:
@@ -332,7 +332,7 @@ def test_large_in_memory_arrays_are_read_in_place_by_default(files, monkeypatch)
     the same wrapper with the kept programs, and ``to_arviz`` and ``loo_subsample`` read it too.
     Smaller arrays, ``jit_model_args=True`` and a model that uses the array whole (``X.mean(0)``:
     it is then kept as an array for good) keep the arrays as they were given."""
-    from numpyro_sgd import model_args
+    from numpyro_sgd.data import model_args
 
     d, X, y = files
     Xn, yn = X.copy(), y.copy()
@@ -358,7 +358,7 @@ def test_large_in_memory_arrays_are_read_in_place_by_default(files, monkeypatch)
 
     # a Fortran-order matrix (pandas' to_numpy()) is read in place above the size where the law
     # reads clusters of rows (lowered here to 0), and from a copy in C order below it
-    from numpyro_sgd import indices
+    from numpyro_sgd.minibatch import indices
 
     for cluster_bytes in (0, indices.CLUSTER_MIN_DATA_BYTES):
         monkeypatch.setattr(indices, "CLUSTER_MIN_DATA_BYTES", cluster_bytes)
@@ -405,7 +405,7 @@ def test_a_row_past_the_data_is_an_error_naming_the_array(files):
 def test_without_a_compiler_the_callback_reads_with_one_warning(files, tmp_path, monkeypatch):
     """Where the native reader cannot be built (here: no compiler), streamed rows are read by the
     host callback, with one warning naming the cause and the fix; the draws are the same."""
-    from numpyro_sgd import native
+    from numpyro_sgd.data import native
 
     d, X, y = files
     monkeypatch.setattr(native, "_state", {})

@@ -28,7 +28,7 @@ from numpyro_sgd import (
     robbins_monro,
     santa,
 )
-from numpyro_sgd.vem import robbins_monro_rate
+from numpyro_sgd.kernels.vem import robbins_monro_rate
 
 
 def model(y=None):

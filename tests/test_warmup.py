@@ -19,7 +19,7 @@ import pytest
 from numpyro.infer import MCMC
 
 from numpyro_sgd import IASG, SGFS, ConstantSGD, check_run
-from numpyro_sgd.warmup import newton_decrement, newton_to_mode
+from numpyro_sgd.adaptation.newton import newton_decrement, newton_to_mode
 
 
 def _quadratic(scale):

@@ -1,0 +1,2 @@
+"""How minibatch rows are drawn: the minibatch laws and the choice among them.
+"""
