@@ -32,7 +32,8 @@ from numpyro.infer import MCMC
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchmark_scaling import make_model, simulate  # noqa: E402
 
-from numpyro_sgd import ConstantSGD, arviz_compat  # noqa: E402
+from numpyro_sgd import ConstantSGD  # noqa: E402
+from numpyro_sgd.diagnostics import arviz_compat  # noqa: E402
 
 
 def theory(k):

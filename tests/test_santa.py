@@ -13,7 +13,7 @@ import scipy.optimize
 from numpyro.infer import MCMC
 
 from numpyro_sgd import ConstantSGD, Santa, gaussian_kl, map_estimate, polynomial_annealing
-from numpyro_sgd.kernels import santa
+from numpyro_sgd.kernels.santa import santa
 
 N, D, S = 10_000, 8, 100
 

@@ -120,9 +120,12 @@ def test_hyper_power_is_the_power_of_robbins_monro():
         VariationalEM(ConstantSGD(model), hyper_power=0.5)
 
 
-@pytest.mark.parametrize("name, module", [("to_arviz", "diagnostics"), ("compare", "diagnostics"),
-                                          ("check_run", "diagnostics"), ("overdamped_ewsg", "ewsg"),
-                                          ("loo_subsample", "loo"), ("compare_loo", "loo")])
+@pytest.mark.parametrize("name, module", [("to_arviz", "diagnostics.arviz_export"),
+                                          ("compare", "diagnostics.compare"),
+                                          ("check_run", "diagnostics.run_checks"),
+                                          ("overdamped_ewsg", "kernels.ewsg"),
+                                          ("loo_subsample", "diagnostics.loo"),
+                                          ("compare_loo", "diagnostics.model_comparison")])
 def test_what_users_call_is_exported_at_the_top_level(name, module):
     import importlib
 

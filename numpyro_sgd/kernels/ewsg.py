@@ -257,7 +257,7 @@ class EWSG(_IndexChainKernel):
         >>> import jax, numpyro, numpyro.distributions as dist
         >>> from numpyro.infer import MCMC
         >>> from numpyro_sgd import EWSG
-        >>> from numpyro_sgd.kernels.ewsg import index_acceptance_rate
+        >>> from numpyro_sgd.numerics.index_chain import index_acceptance_rate
         >>> y = jax.random.normal(jax.random.key(1), (1000,)) + 3.0
         >>> def model(y):
         ...     mu = numpyro.sample("mu", dist.Normal(0, 10))
