@@ -185,8 +185,8 @@ def package_optimizer(method, lr, seed, num_data, num_steps):
     """The optimizer as one passes it to :func:`map_estimate` (used by the check)."""
     if method.startswith("Santa"):
         return santa(float(lr), num_data=1.0, decay=SANTA_SIGMA, damping=SANTA_DAMPING,
-                     schedule=polynomial_annealing(SANTA_POWER, scale=num_data), burnin=num_steps // 2,
-                     scheme=SCHEMES[method], seed=seed)
+                     beta_schedule=polynomial_annealing(SANTA_POWER, scale=num_data), burnin=num_steps // 2,
+                     integrator=SCHEMES[method], seed=seed)
     if method == "Adam":
         return optax.adam(float(lr))
     return optax.sgd(float(lr), momentum=MOMENTUM)

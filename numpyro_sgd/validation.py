@@ -303,14 +303,14 @@ def check_friction(name, friction):
     """Raise unless γ is a positive scalar (SGHMC and the EWSG kernels)."""
     return check_positive(name, "friction", friction, "a positive float (γ; σ² = 2γ)")
 
-def check_control_variates(name, control_variates, integrator, step_size, preconditioner, integrators=INTEGRATORS):
+def check_control_variates(name, control_variates, integrator, step_size, coordinates, integrators=INTEGRATORS):
     """Validate ``control_variates`` and ``integrator`` (None: ``"exponential"`` with control
     variates where ``integrators`` has it, else ``"euler"``); both need the kernel's own step,
     which the end of warmup sets. Returns ``(control_variates, integrator)``."""
     if control_variates not in (True, False):
         raise TypeError(f"{name}: control_variates must be True or False, got {control_variates!r}.")
     if integrator is None:
-        exponential = control_variates and preconditioner != "scalar" and "exponential" in integrators
+        exponential = control_variates and coordinates != "scalar" and "exponential" in integrators
         integrator = "exponential" if exponential else "euler"
     if integrator not in integrators:
         raise ValueError(f"{name}: integrator={integrator!r}; use one of {integrators}.")
@@ -318,11 +318,12 @@ def check_control_variates(name, control_variates, integrator, step_size, precon
         raise ValueError(
             f"{name}: control_variates=True and integrator='exponential' set their step at the end of warmup (from "
             "the centre the control variates are taken about, and the noise measured there); leave step_size out.")
-    if integrator == "exponential" and preconditioner == "scalar":
+    if integrator == "exponential" and coordinates == "scalar":
         raise ValueError(
             f"{name}: integrator='exponential' is exact for the Gaussian of the warmup's curvature coordinates; "
-            "preconditioner='scalar' runs in the model's. Use preconditioner='auto' (the default) or integrator='euler'.")
+            "coordinates='scalar' runs in the model's. Use coordinates='auto' (the default) or integrator='euler'.")
     return bool(control_variates), integrator
+
 
 def check_step_size(name, step_size):
     """Raise unless h (or ε) is a positive scalar."""

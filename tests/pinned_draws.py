@@ -67,7 +67,7 @@ CONFIGS = {
     "OverdampedEWSG": lambda: ns.OverdampedEWSG(model, step_size=1e-4, num_index_steps=1),
     "EWSGVR": lambda: ns.EWSGVR(model, step_size=1e-3, friction=20.0, num_index_steps=1),
     "Santa": lambda: ns.Santa(model, step_size=1e-6),
-    "Santa-anneal-splitting": lambda: ns.Santa(model, step_size=1e-6, anneal=True, scheme="splitting"),
+    "Santa-anneal-splitting": lambda: ns.Santa(model, step_size=1e-6, anneal=True, integrator="splitting"),
     "VEM-ConstantSGD-diag": lambda: ns.VariationalEM(ns.ConstantSGD(param_model, preconditioner="diag",
                                                                     steps_per_sample=1)),
     "VEM-IASG": lambda: ns.VariationalEM(ns.IASG(param_model, window=5, preconditioner="scalar",

@@ -176,8 +176,8 @@ def two_plates(X, y):
 def test_control_variates_refuse_what_they_cannot_do():
     with pytest.raises(ValueError, match="set their step at the end of warmup.*leave step_size out"):
         SGLD(regression, control_variates=True, step_size=1e-4)
-    with pytest.raises(ValueError, match="integrator='exponential' is exact for the Gaussian.*preconditioner='scalar'"):
-        SGLD(regression, integrator="exponential", preconditioner="scalar")
+    with pytest.raises(ValueError, match="integrator='exponential' is exact for the Gaussian.*coordinates='scalar'"):
+        SGLD(regression, integrator="exponential", coordinates="scalar")
     with pytest.raises(ValueError, match=r"integrator='leapfrog'; use one of \('euler', 'exponential'\)"):
         SGLD(regression, integrator="leapfrog")
     with pytest.raises(TypeError, match="control_variates must be True or False"):

@@ -40,12 +40,12 @@ def _exact(problem):
     return jnp.asarray(q), jnp.asarray(problem.s / problem.n * q + np.eye(problem.d) / problem.prior_scale**2)
 
 
-def _rule(name, problem, preconditioner="auto"):
+def _rule(name, problem, coordinates="auto"):
     """The steps the rule gives with the exact Q and A: {state field: value}. By default the
     kernels set them in the coordinates of the curvature (θ = L φ, L Lᵀ = N A⁻¹): the rule then
     applies to Lᵀ Q L and Lᵀ A L (= N I for the exact A)."""
     q, a = _exact(problem)
-    if preconditioner != "scalar":
+    if coordinates != "scalar":
         basis = curvature_basis(a, True, problem.n)
         q, a = basis.express(q), basis.express(a)
     if name in ("SGLD", "OverdampedEWSG"):
@@ -67,7 +67,7 @@ KERNELS = [
     pytest.param(OverdampedEWSG, {}, id="OverdampedEWSG", marks=pytest.mark.slow),
     pytest.param(Santa, {}, id="Santa"),
     # the papers' kernel, in the model's coordinates (the rule's bounds hold there as well)
-    pytest.param(SGLD, {"preconditioner": "scalar"}, id="SGLD-scalar", marks=pytest.mark.slow),
+    pytest.param(SGLD, {"coordinates": "scalar"}, id="SGLD-scalar", marks=pytest.mark.slow),
 ]
 #: user settings of each kernel (the old path: no noise warmup)
 USER_STEPS = {"SGLD": dict(step_size=1e-4), "PSGLD": dict(step_size=1e-4), "SGHMC": dict(step_size=1e-3, friction=20.0),
@@ -111,7 +111,7 @@ def test_default_steps_sample_the_posterior(problem, kernel_cls, kwargs):
     mcmc.run(jax.random.key(0), *problem.args)
     state = mcmc.last_state
     assert int(jnp.sum(state.num_divergences)) == 0
-    for field, value in _rule(kernel_cls.__name__, problem, kwargs.get("preconditioner", "auto")).items():
+    for field, value in _rule(kernel_cls.__name__, problem, kwargs.get("coordinates", "auto")).items():
         chosen = np.asarray(getattr(state.kernel_state, field))
         assert np.all(np.isfinite(chosen)) and chosen.shape == (NUM_CHAINS,)
         np.testing.assert_allclose(chosen, float(value), rtol=0.15)
@@ -252,7 +252,7 @@ def test_default_steps_mix_on_a_correlated_posterior(small_linreg, kernel_cls):
     coordinates of the warmup's curvature every direction relaxes at the rate of the fastest, so
     the same run as above (4 chains × 20,000 SG steps, 2,000 draws) gives a usable ESS and the
     posterior within the tolerances of ``test_default_steps_sample_the_posterior``. With
-    ``preconditioner="scalar"`` the slowest direction relaxes ≈ 200× slower: measured ESS 5 and
+    ``coordinates="scalar"`` the slowest direction relaxes ≈ 200× slower: measured ESS 5 and
     sds 0.6–1.3× the posterior's on a D = 10 regression (benchmarks/langevin_defaults.py)."""
     problem = type(small_linreg)(**CORRELATED)
     assert np.linalg.cond(problem.post_cov) > 100  # the problem is ill-conditioned
@@ -267,14 +267,14 @@ def test_default_steps_mix_on_a_correlated_posterior(small_linreg, kernel_cls):
     assert abs(corr - exact) < 0.005, (corr, exact)
 
 
-def test_preconditioner_argument(small_linreg):
-    """``preconditioner`` names the coordinates of the default steps; the curvature ones need the
+def test_coordinates_argument(small_linreg):
+    """``coordinates`` names the coordinates of the default steps; the curvature ones need the
     noise warmup, so they are refused with a given step size (which keeps the model's coordinates)."""
-    with pytest.raises(ValueError, match="unknown preconditioner 'sqrt'"):
-        SGLD(small_linreg.model, preconditioner="sqrt")
+    with pytest.raises(ValueError, match="unknown coordinates 'sqrt'"):
+        SGLD(small_linreg.model, coordinates="sqrt")
     with pytest.raises(ValueError, match="a given step size skips that warmup"):
-        SGHMC(small_linreg.model, step_size=1e-3, friction=20.0, preconditioner="full")
-    kernel = SGLD(small_linreg.model, preconditioner="diag")
+        SGHMC(small_linreg.model, step_size=1e-3, friction=20.0, coordinates="full")
+    kernel = SGLD(small_linreg.model, coordinates="diag")
     state = kernel.init(jax.random.key(0), 300, None, small_linreg.args, {}).kernel_state
     assert state.basis.scale.shape == (small_linreg.d,)  # a diagonal basis, set at the end of warmup
     assert not np.allclose(np.asarray(state.basis.scale), 1.0)

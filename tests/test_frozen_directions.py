@@ -24,13 +24,16 @@ from numpyro_sgd import SGLD, ConstantSGD
 #: coordinates (w[0] is held by its N(0, 1) prior, w[2] by 10⁴ rows of scale 10³)
 BADLY_SCALED = dict(n=10_000, d=3, s=100, rho=0.3, scales=[1e-3, 1.0, 1e3], seed=0)
 
-#: (kernel, its preconditioner, the fix the warning names). Measured sd of w[0] over the
+#: (kernel, the argument that sets its coordinates and its value, the fix the warning names). Measured sd of w[0] over the
 #: posterior's in 1,000 draws (the issue's runs): 0.006 (SGLD), 0.19 (ConstantSGD "scalar"), 0.16
 #: ("sqrt"); predicted autocorrelation times ≈ 10¹³, 3·10¹¹ and 5·10⁵ SG steps.
 FROZEN = [
-    pytest.param(lambda m: SGLD(m, preconditioner="scalar", steps_per_sample=100), "scalar", "auto", id="SGLD-scalar"),
-    pytest.param(lambda m: ConstantSGD(m, preconditioner="scalar"), "scalar", "full", id="ConstantSGD-scalar"),
-    pytest.param(lambda m: ConstantSGD(m, preconditioner="sqrt"), "sqrt", "full", id="ConstantSGD-sqrt"),
+    pytest.param(lambda m: SGLD(m, coordinates="scalar", steps_per_sample=100), "coordinates='scalar'", "coordinates='auto'",
+                 id="SGLD-scalar"),
+    pytest.param(lambda m: ConstantSGD(m, preconditioner="scalar"), "preconditioner='scalar'", "preconditioner='full'",
+                 id="ConstantSGD-scalar"),
+    pytest.param(lambda m: ConstantSGD(m, preconditioner="sqrt"), "preconditioner='sqrt'", "preconditioner='full'",
+                 id="ConstantSGD-sqrt"),
 ]
 #: the same problem with steps that relax every coordinate alike: no warning (SGLD's curvature
 #: basis predicts τ ≈ 10³ SG steps against the run's 4·10⁴; ConstantSGD-diag's rates P_k A_kk ≈ 2S/N
@@ -51,8 +54,8 @@ def _run(make, problem, **kwargs):
     return mcmc, [str(w.message) for w in record if "forget its state" in str(w.message)]
 
 
-@pytest.mark.parametrize("make, preconditioner, fix", FROZEN)
-def test_a_direction_the_steps_leave_frozen_is_named_at_the_end_of_warmup(make_linreg, make, preconditioner, fix):
+@pytest.mark.parametrize("make, setting, fix", FROZEN)
+def test_a_direction_the_steps_leave_frozen_is_named_at_the_end_of_warmup(make_linreg, make, setting, fix):
     """One warning, during ``mcmc.run``, naming the coordinates, the spread of the rates, the
     coordinate the slowest direction lies along (w[0]) and the fix. Not a false alarm: the draws'
     sd along w[0] is below half the posterior's (a chain that mixed would be within
@@ -60,8 +63,8 @@ def test_a_direction_the_steps_leave_frozen_is_named_at_the_end_of_warmup(make_l
     problem = make_linreg(**BADLY_SCALED)
     mcmc, messages = _run(make, problem)
     assert len(messages) == 1 and re.search(
-        rf"\(preconditioner='{preconditioner}'\) at rates that span a factor [\d.e+]+ .* mostly along w\[0\], "
-        rf"nearly frozen.* Use preconditioner='{fix}'", messages[0]), messages
+        rf"\({setting}\) at rates that span a factor [\d.e+]+ .* mostly along w\[0\], "
+        rf"nearly frozen.* Use {fix}", messages[0]), messages
     w = np.asarray(mcmc.get_samples()["w"])
     assert w[:, 0].std() < 0.5 * np.sqrt(problem.post_cov[0, 0])
 

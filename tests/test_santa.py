@@ -99,8 +99,8 @@ class _Regression:
             numpyro.sample("y", dist.Normal(x[idx] @ w, 1), obs=y[idx])
 
 
-@pytest.mark.parametrize("scheme", ["euler", "splitting"])
-def test_sampler_at_beta_one_matches_posterior(scheme):
+@pytest.mark.parametrize("integrator", ["euler", "splitting"])
+def test_sampler_at_beta_one_matches_posterior(integrator):
     """β = 1, η = (0.2/ω)², ω² = λ_max(G A_U) with g from the noise at the mode; warm start at the
     mode. Approximations: O((ωh)²) ≈ 4 % Euler bias in the stiff direction, the neglected Γ term
     (v is an EMA, so G is nearly constant at stationarity) and the per-coordinate thermostat;
@@ -110,7 +110,7 @@ def test_sampler_at_beta_one_matches_posterior(scheme):
     g = (np.diag(reg.q) / reg.n**2) ** -0.25
     omega = np.sqrt(np.linalg.eigvalsh(np.diag(g) @ reg.hessian @ np.diag(g))[-1])
     eta = (0.2 / omega) ** 2
-    mcmc = MCMC(Santa(reg.model, step_size=eta, scheme=scheme, steps_per_sample=20), num_warmup=200, num_samples=2000,
+    mcmc = MCMC(Santa(reg.model, step_size=eta, integrator=integrator, steps_per_sample=20), num_warmup=200, num_samples=2000,
                 num_chains=4, chain_method="vectorized", progress_bar=False)
     mcmc.run(jax.random.key(0), jnp.asarray(reg.x), jnp.asarray(reg.y),
              init_params={"w": jnp.tile(jnp.asarray(reg.mean), (4, 1))})
@@ -143,10 +143,10 @@ def test_optax_transformation_is_an_optimizer_on_a_quadratic():
     ({"decay": 0.0}, "decay"),
     ({"damping": 0.0}, "damping"),
     ({"damping": -1e-8}, "damping"),
-    ({"scheme": "leapfrog"}, "unknown scheme"),
-    ({"schedule": lambda t: 1.0 / t}, "schedule decreases"),
-    ({"schedule": lambda t: 2.0 + 0.0 * t, "anneal": True}, "constant"),
-    ({"schedule": lambda t: -t}, "β_t > 0"),
+    ({"integrator": "leapfrog"}, "unknown integrator"),
+    ({"beta_schedule": lambda t: 1.0 / t}, "schedule decreases"),
+    ({"beta_schedule": lambda t: 2.0 + 0.0 * t, "anneal": True}, "constant"),
+    ({"beta_schedule": lambda t: -t}, "β_t > 0"),
     ({"burnin": -1}, "burnin"),
 ])
 def test_bad_arguments(kwargs, match):
@@ -162,7 +162,7 @@ def test_bad_arguments_optax_and_step_size():
     with pytest.raises(ValueError, match="decay"):
         santa(1e-3, decay=1.5)
     with pytest.raises(ValueError, match="schedule decreases"):
-        santa(1e-3, schedule=lambda t: 10.0 / (1.0 + jnp.log(t)))
+        santa(1e-3, beta_schedule=lambda t: 10.0 / (1.0 + jnp.log(t)))
     with pytest.raises(ValueError, match="power must be > 0"):
         polynomial_annealing(0.0)
 

@@ -1,6 +1,6 @@
 """The default steps of the Langevin kernels (SGLD, pSGLD, SGHMC, EWSG, OverdampedEWSG, Santa):
 the noise warmup in place of burn-in, and at its end the step size (and friction) from the
-noise and curvature it measured, in the coordinates ``preconditioner`` names; with control
+noise and curvature it measured, in the coordinates that ``coordinates`` names; with control
 variates, the centre, its Hessian and the control-variate noise instead.
 """
 
@@ -36,34 +36,34 @@ from .coordinates import curvature_basis, identity_basis, step_in_basis
 from .noise_warmup import noise_warmup, warmup_step_of
 from .relaxation import underdamped_cause, with_predicted_relaxation
 
-__all__ = ["LANGEVIN_PRECONDITIONERS", "check_langevin_preconditioner", "with_default_steps",
+__all__ = ["COORDINATES", "check_coordinates", "with_default_steps",
            "with_default_overdamped_step", "with_default_underdamped_steps"]
 
 
-#: the ``preconditioner`` values of the Langevin kernels (SGLD, pSGLD, SGHMC, EWSG, OverdampedEWSG,
+#: the ``coordinates`` values of the Langevin kernels (SGLD, pSGLD, SGHMC, EWSG, OverdampedEWSG,
 #: Santa): their default steps run in the coordinates of the warmup's curvature (``"auto"``,
 #: ``"full"``, ``"diag"``) or in the model's own (``"scalar"``, the papers' kernels)
-LANGEVIN_PRECONDITIONERS = ("auto", "full", "diag", "scalar")
+COORDINATES = ("auto", "full", "diag", "scalar")
 
-def check_langevin_preconditioner(name, preconditioner, steps_given):
-    """Validate a Langevin kernel's ``preconditioner``; return it, ``"scalar"`` when the user gave
+def check_coordinates(name, coordinates, steps_given):
+    """Validate a Langevin kernel's ``coordinates``; return it, ``"scalar"`` when the user gave
     the step size (a step in the model's coordinates: there is then no noise warmup whose curvature
     could precondition it, or, with SGHMC's and EWSG's friction left to the kernel, that warmup
     estimates the friction in the model's coordinates). A friction given alone keeps the
     curvature's coordinates (:class:`~numpyro_sgd.SGHMC`)."""
-    check_choice(name, "preconditioner", preconditioner, LANGEVIN_PRECONDITIONERS)
+    check_choice(name, "coordinates", coordinates, COORDINATES)
     if steps_given:
-        if preconditioner in ("full", "diag"):
+        if coordinates in ("full", "diag"):
             raise ValueError(
-                f"{name}: preconditioner={preconditioner!r} comes from the curvature the noise warmup estimates, "
+                f"{name}: coordinates={coordinates!r} comes from the curvature the noise warmup estimates, "
                 "and a given step size skips that warmup. Leave the step size (and friction) to the kernel, or "
-                "use preconditioner='scalar'."
+                "use coordinates='scalar'."
             )
         return "scalar"
-    return preconditioner
+    return coordinates
 
 def with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample="with_replacement",
-                       preconditioner="auto", control_variates=False):
+                       coordinates="auto", control_variates=False):
     """The algorithm with its warmup replaced by the noise warmup (:func:`~numpyro_sgd.adaptation.noise_warmup.noise_warmup`) and an
     ``end_warmup`` that sets its step size (and friction) from the estimate.
 
@@ -80,7 +80,7 @@ def with_default_steps(algorithm, potential, name, set_steps, warmup_options, su
         never sampled.
     :param dict warmup_options: from :func:`~numpyro_sgd.adaptation.noise_warmup.pop_warmup_options`.
     :param str subsample: how the sampling phase draws minibatches (the kernel's ``subsample``).
-    :param str preconditioner: ``"auto"``, ``"full"`` or ``"diag"``: the sampling step runs in the
+    :param str coordinates: ``"auto"``, ``"full"`` or ``"diag"``: the sampling step runs in the
         coordinates of the estimated curvature (:class:`~numpyro_sgd.adaptation.coordinates.CurvatureBasis`, kept in the state's
         ``basis`` field), and ``set_steps`` receives Q and A in those coordinates (A ≈ I);
         ``"scalar"``: in the model's coordinates, as the papers' kernels (``basis`` stays empty).
@@ -99,7 +99,7 @@ def with_default_steps(algorithm, potential, name, set_steps, warmup_options, su
     control-variate estimate (:class:`~numpyro_sgd.adaptation.control_variates.ControlVariateOracle`). The
     state needs a ``control`` field.
     """
-    kind = resolve_preconditioner(preconditioner, potential.dim)
+    kind = resolve_preconditioner(coordinates, potential.dim)
     full = kind == "full" or (kind != "diag" and resolve_preconditioner("auto", potential.dim) == "full")
     in_basis = kind != "scalar"
     without_replacement = subsample == "without_replacement"
@@ -175,10 +175,10 @@ def _with_control_variate_gradients(step):
 
 # ---------------------------------------------------------------------------- default steps
 def with_default_overdamped_step(algorithm, potential, name, step_size, target_inflation, subsample, warmup_options,
-                                 preconditioner="auto", control_variates=False, integrator="euler"):
+                                 coordinates="auto", control_variates=False, integrator="euler"):
     """SGLD's and overdamped EWSG's algorithm with, when ``step_size`` is None, the noise warmup and
     ε = :func:`~numpyro_sgd.numerics.step_rules.sgld_step_size` set at its end (T = ``state.temperature``, 1 if
-    the state has none), in the coordinates ``preconditioner`` names
+    the state has none), in the coordinates that ``coordinates`` names
     (:func:`~numpyro_sgd.adaptation.default_steps.with_default_steps`); the algorithm itself when a step size is given."""
     if step_size is not None:
         return algorithm
@@ -192,25 +192,25 @@ def with_default_overdamped_step(algorithm, potential, name, step_size, target_i
             eps = sgld_step_size(noise, curvature, target_inflation, getattr(state, "temperature", 1.0))
         return state._replace(step_size=eps.astype(state.step_size.dtype), spectrum=curvature_spectrum(curvature))
 
-    algorithm = with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample, preconditioner,
+    algorithm = with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample, coordinates,
                                    control_variates)
     if integrator == "exponential":
-        return with_predicted_relaxation(algorithm, potential, preconditioner, lambda state, a: (
+        return with_predicted_relaxation(algorithm, potential, coordinates, lambda state, a: (
             exponential_autocorrelation_time(state.step_size, n, np.asarray(state.control.nonlinearity))))
-    return with_predicted_relaxation(algorithm, potential, preconditioner,
+    return with_predicted_relaxation(algorithm, potential, coordinates,
                                      lambda state, a: langevin_autocorrelation_time(state.step_size, a))
 
 def with_default_underdamped_steps(algorithm, potential, name, step_size, friction, target_inflation, subsample,
-                                   warmup_options, preconditioner="auto", control_variates=False):
+                                   warmup_options, coordinates="auto", control_variates=False):
     """SGHMC's and EWSG's algorithm with, when ``step_size`` or ``friction`` is None, the noise
     warmup and the missing ones set at its end by :func:`~numpyro_sgd.numerics.step_rules.sghmc_steps`
-    (γ = 2 √λ_max(A), h = 2τγ / λ_max(Q + 2A)), in the coordinates ``preconditioner`` names; the
+    (γ = 2 √λ_max(A), h = 2τγ / λ_max(Q + 2A)), in the coordinates that ``coordinates`` names; the
     algorithm itself when both are given.
 
     A given friction γ alone keeps those coordinates (h is then the rule's at that γ, as without
     it): γ is a rate per unit of Langevin time, and in the curvature's coordinates every direction
     has the frequency √N, so critical damping there is 2√N whatever the model's units. A given h
-    alone is a step in the model's coordinates (``preconditioner="scalar"``)."""
+    alone is a step in the model's coordinates (``coordinates="scalar"``)."""
     if step_size is not None and friction is not None:
         return algorithm
 
@@ -222,12 +222,12 @@ def with_default_underdamped_steps(algorithm, potential, name, step_size, fricti
                               spectrum=curvature_spectrum(curvature))
 
     if step_size is not None:
-        preconditioner = "scalar"
-    algorithm = with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample, preconditioner,
+        coordinates = "scalar"
+    algorithm = with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample, coordinates,
                                    control_variates)
 
     def time(state, a):  # the slower of θ's and θ²'s: an underdamped direction forgets its spread last
         return np.fmax(langevin_autocorrelation_time(state.step_size, a, state.friction),
                        langevin_autocorrelation_time(state.step_size, a, state.friction, of="square"))
 
-    return with_predicted_relaxation(algorithm, potential, preconditioner, time, underdamped_cause)
+    return with_predicted_relaxation(algorithm, potential, coordinates, time, underdamped_cause)

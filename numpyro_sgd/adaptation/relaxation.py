@@ -76,13 +76,13 @@ def predicted_relaxation(steps, spectrum, coordinates, fix, view=None, more=None
     return PredictedRelaxation(steps, text + ("" if more is None else more(chain, one.lowest)))
 
 
-#: where a Langevin kernel's default steps run, by ``preconditioner``
-_COORDINATES = {"scalar": "of the model's coordinates (preconditioner='scalar')"}
+#: where a Langevin kernel's default steps run, by ``coordinates``
+_COORDINATES = {"scalar": "of the model's coordinates (coordinates='scalar')"}
 
-#: the fix :func:`~numpyro_sgd.adaptation.relaxation.frozen_direction_cause` names, by ``preconditioner`` (in the
+#: the fix :func:`~numpyro_sgd.adaptation.relaxation.frozen_direction_cause` names, by ``coordinates`` (in the
 #: curvature's coordinates every curvature is N: a diagonal basis leaves only the correlations, which
 #: its diagonal estimate does not see)
-_FROZEN_FIX = {"scalar": "Use preconditioner='auto' (the default: the steps run in the coordinates of the warmup's "
+_FROZEN_FIX = {"scalar": "Use coordinates='auto' (the default: the steps run in the coordinates of the warmup's "
                          "curvature, where every direction relaxes alike), or rescale the model's variables (e.g. "
                          "standardise the predictors) to comparable posterior sds."}
 
@@ -103,7 +103,7 @@ def underdamped_cause(state, chain, lowest, coordinates):
             f"spread forgets itself only at the rate γ, in about 1/(γh) = {1.0 / (gamma * h):,.0f} SG steps. "
             "Leave friction to the kernel (critical damping of the stiffest direction) or raise it. ")
 
-def with_predicted_relaxation(algorithm, potential, preconditioner, time, cause=None):
+def with_predicted_relaxation(algorithm, potential, coordinates, time, cause=None):
     """The algorithm whose ``block.relaxation`` predicts, at the end of warmup, the integrated
     autocorrelation time of its slowest direction: the larger of ``time(kernel_state, a)`` (NumPy,
     on the host) at the smallest and the largest curvature a of ``kernel_state.spectrum`` (a
@@ -112,13 +112,13 @@ def with_predicted_relaxation(algorithm, potential, preconditioner, time, cause=
     curvature's full basis (:class:`~numpyro_sgd.adaptation.coordinates.CurvatureBasis`: Lᵀ A L = N I) every
     curvature is N, and in a diagonal basis every estimated one (its diagonal estimate sees no
     correlations: the prediction is a lower bound); in the model's coordinates
-    (``preconditioner="scalar"``) they spread, and a spread beyond
+    (``coordinates="scalar"``) they spread, and a spread beyond
     :data:`~numpyro_sgd.adaptation.relaxation.FROZEN_SPREAD` is named in the warning with the coordinate the
     slowest direction lies along (:func:`~numpyro_sgd.adaptation.relaxation.predicted_relaxation`).
     ``cause(state, chain, lowest, coordinates)`` may add a kernel's own sentence
     (:func:`underdamped_cause`)."""
-    coordinates = _COORDINATES.get(preconditioner, f"of the warmup's curvature (preconditioner={preconditioner!r})")
-    view = potential.view if preconditioner == "scalar" else None  # a full basis mixes θ's coordinates
+    where = _COORDINATES.get(coordinates, f"of the warmup's curvature (coordinates={coordinates!r})")
+    view = potential.view if coordinates == "scalar" else None  # a full basis mixes θ's coordinates
     init = algorithm.init
 
     def init_unknown(rng_key, theta, num_warmup_steps):
@@ -127,8 +127,8 @@ def with_predicted_relaxation(algorithm, potential, preconditioner, time, cause=
     def relaxation(state):
         spectrum = jax.tree.map(np.asarray, state.spectrum)
         steps = np.fmax(time(state, spectrum.lowest), time(state, spectrum.highest))
-        more = None if cause is None else (lambda chain, lowest: cause(state, chain, lowest, coordinates))
-        return predicted_relaxation(steps, spectrum, coordinates, _FROZEN_FIX.get(preconditioner), view, more)
+        more = None if cause is None else (lambda chain, lowest: cause(state, chain, lowest, where))
+        return predicted_relaxation(steps, spectrum, where, _FROZEN_FIX.get(coordinates), view, more)
 
     block = algorithm.block._replace(relaxation=relaxation)
     return algorithm._replace(init=init_unknown, block=block)

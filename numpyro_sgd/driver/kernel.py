@@ -132,11 +132,10 @@ class SGKernel(MCMCKernel):
         """The user's model, with its subsample plates."""
         return self._model
 
-    @property
-    def control_variates(self):
-        """Whether the kernel's gradients are control variates about a centre it computes at the
-        end of warmup (:mod:`numpyro_sgd.adaptation.control_variates`)."""
-        return bool(getattr(self, "_options", {}).get("control_variates", False))
+    #: whether the kernel's gradients are control variates about a centre it computes at the end
+    #: of warmup (:mod:`numpyro_sgd.adaptation.control_variates`); a kernel that takes
+    #: ``control_variates=`` sets it in its ``__init__``
+    control_variates = False
 
     @property
     def default_fields(self):

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from jax import lax, random
 
 from ..adaptation.default_steps import (
-    check_langevin_preconditioner,
+    check_coordinates,
     with_default_overdamped_step,
     with_default_underdamped_steps,
 )
@@ -60,8 +60,8 @@ class _IndexChainKernel(SGKernel):
     supports_clusters = False
 
     def __init__(self, model, *, step_size, num_index_steps, underdamped, friction=None, x_estimate="zero",
-                 default_steps=False, target_inflation=TARGET_INFLATION, preconditioner="auto", control_variates=False,
-                 **kwargs):
+                 default_steps=False, target_inflation=TARGET_INFLATION, coordinates="auto", control_variates=False,
+                 integrator=None, **kwargs):
         name = type(self).__name__
         estimated = default_steps and (step_size is None or (underdamped and friction is None))
         warmup_options = pop_warmup_options(name, kwargs, estimated)
@@ -86,17 +86,18 @@ class _IndexChainKernel(SGKernel):
                 check_friction(name, friction)
             self._options.update(friction=None if friction is None else float(friction), x_estimate=x_estimate)
         if default_steps:
-            control_variates, _ = check_control_variates(name, control_variates, None, step_size, preconditioner,
-                                                         ("euler",))
-            self._options.update(control_variates=control_variates)
+            self.control_variates, _ = check_control_variates(name, control_variates, integrator, step_size,
+                                                              coordinates, ("euler",))
+            self._options.update(control_variates=self.control_variates)
             self._options.update(target_inflation=check_target_inflation(name, target_inflation), name=name,
-                                 subsample=self._driver.subsample, preconditioner=check_langevin_preconditioner(
-                                     name, preconditioner, step_size is not None),
+                                 subsample=self._driver.subsample, coordinates=check_coordinates(
+                                     name, coordinates, step_size is not None),
                                  **warmup_options)
-        elif preconditioner != "auto":
-            raise TypeError(f"{name}: preconditioner= applies to the default steps, which this kernel does not set.")
-        elif control_variates:
-            raise TypeError(f"{name}: control_variates= applies to the default steps, which this kernel does not set.")
+        elif coordinates != "auto":
+            raise TypeError(f"{name}: coordinates= applies to the default steps, which this kernel does not set.")
+        elif control_variates or integrator is not None:
+            raise TypeError(f"{name}: control_variates= and integrator= apply to the default steps, which this kernel "
+                            "does not set.")
 
     @property
     def num_index_steps(self):
@@ -136,7 +137,7 @@ def _or_nan(value):
 
 
 def ewsg(potential, *, step_size=None, friction=None, num_index_steps=1, x_estimate="momentum",
-         target_inflation=TARGET_INFLATION, subsample="with_replacement", name="EWSG", preconditioner="auto",
+         target_inflation=TARGET_INFLATION, subsample="with_replacement", name="EWSG", coordinates="auto",
          control_variates=False, **warmup_options):
     """The EWSG algorithm (:class:`EWSG`) for a traced model.
 
@@ -163,7 +164,7 @@ def ewsg(potential, *, step_size=None, friction=None, num_index_steps=1, x_estim
 
     return with_default_underdamped_steps(SGAlgorithm(init, step, describe=describe_index_chain), potential,
                                           name, step_size, friction, target_inflation, subsample, warmup_options,
-                                          preconditioner, control_variates)
+                                          coordinates, control_variates)
 
 
 class EWSG(_IndexChainKernel):
@@ -220,7 +221,7 @@ class EWSG(_IndexChainKernel):
        here the chain carries the minibatch potential and gradient of the current minibatch, so
        no gradient is computed twice, and each of the M proposals costs one minibatch gradient.
 
-    **Coordinates of the default steps**: as :class:`~numpyro_sgd.SGLD` (``preconditioner``).
+    **Coordinates of the default steps**: as :class:`~numpyro_sgd.SGLD` (``coordinates``).
 
     **Default step size and friction** (``step_size=None``, ``friction=None``): SGHMC's rule (see
     :class:`~numpyro_sgd.SGHMC`), γ = 2 √λ_max(A), h = 2τγ / λ_max(Q + 2A), from the noise warmup
@@ -246,8 +247,11 @@ class EWSG(_IndexChainKernel):
     :param int num_index_steps: M ≥ 0 (default 1).
     :param str x_estimate: ``"momentum"`` (default), ``"zero"``, ``"one"`` or ``"stop"``.
     :param float target_inflation: τ ∈ (0, 1) of the default step size (default 0.1).
-    :param str preconditioner: the coordinates of the default steps, as for :class:`~numpyro_sgd.SGLD`
+    :param str coordinates: the coordinates of the default steps, as for :class:`~numpyro_sgd.SGLD`
         (default ``"auto"``: the warmup's curvature; ``"scalar"``: the paper's kernel).
+    :param bool control_variates: control-variate gradients about the mode the kernel finds at the end of
+        warmup, as for :class:`~numpyro_sgd.SGLD` (default False).
+    :param str integrator: ``"euler"`` (the paper's update, the only one; default None: ``"euler"``).
     :param kwargs: see :class:`~numpyro_sgd.driver.kernel.SGKernel` (``steps_per_sample``, ``subsample``,
         ``warmup_subsample``, ``init_strategy``) and, with a default step or friction, the warmup
         options of :class:`~numpyro_sgd.ConstantSGD`.
@@ -273,11 +277,12 @@ class EWSG(_IndexChainKernel):
     """
 
     def __init__(self, model, *, step_size=None, friction=None, num_index_steps=1, x_estimate="momentum",
-                 target_inflation=TARGET_INFLATION, preconditioner="auto", control_variates=False, **kwargs):
+                 target_inflation=TARGET_INFLATION, coordinates="auto", control_variates=False, integrator=None,
+                 **kwargs):
         super().__init__(model, step_size=step_size, num_index_steps=num_index_steps, underdamped=True,
                          friction=friction, x_estimate=x_estimate, default_steps=True,
-                         target_inflation=target_inflation, preconditioner=preconditioner,
-                         control_variates=control_variates, **kwargs)
+                         target_inflation=target_inflation, coordinates=coordinates,
+                         control_variates=control_variates, integrator=integrator, **kwargs)
 
     #: the algorithm builder, called with the validated options
     _builder = staticmethod(ewsg)
@@ -304,7 +309,7 @@ class OverdampedEWSGState(NamedTuple):
 
 
 def overdamped_ewsg(potential, *, step_size=None, num_index_steps=1, target_inflation=TARGET_INFLATION,
-                    subsample="with_replacement", name="OverdampedEWSG", preconditioner="auto", control_variates=False,
+                    subsample="with_replacement", name="OverdampedEWSG", coordinates="auto", control_variates=False,
                     **warmup_options):
     """The overdamped EWSG algorithm (:class:`OverdampedEWSG`) for a traced model.
 
@@ -326,7 +331,7 @@ def overdamped_ewsg(potential, *, step_size=None, num_index_steps=1, target_infl
         return theta, count_index_moves(state, accepted, m), info
 
     return with_default_overdamped_step(SGAlgorithm(init, step, describe=describe_index_chain), potential, name,
-                                        step_size, target_inflation, subsample, warmup_options, preconditioner,
+                                        step_size, target_inflation, subsample, warmup_options, coordinates,
                                         control_variates=control_variates)
 
 
@@ -354,7 +359,7 @@ class OverdampedEWSG(_IndexChainKernel):
 
     Acceptance counts and data passes are reported as for :class:`EWSG`.
 
-    **Coordinates of the default steps**: as :class:`~numpyro_sgd.SGLD` (``preconditioner``).
+    **Coordinates of the default steps**: as :class:`~numpyro_sgd.SGLD` (``coordinates``).
 
     **Default step size** (``step_size=None``): SGLD's rule (see :class:`~numpyro_sgd.SGLD`),
     ε = 4τ / λ_max(Q + (1 + τ) A), from the noise warmup of :class:`~numpyro_sgd.ConstantSGD`;
@@ -366,17 +371,20 @@ class OverdampedEWSG(_IndexChainKernel):
     :param float step_size: ε > 0, or None (default: see above).
     :param int num_index_steps: M ≥ 0 (default 1).
     :param float target_inflation: τ ∈ (0, 1) of the default step size (default 0.1).
-    :param str preconditioner: the coordinates of the default steps, as for :class:`~numpyro_sgd.SGLD`
+    :param str coordinates: the coordinates of the default steps, as for :class:`~numpyro_sgd.SGLD`
         (default ``"auto"``: the warmup's curvature; ``"scalar"``: the paper's kernel).
+    :param bool control_variates: control-variate gradients about the mode the kernel finds at the end of
+        warmup, as for :class:`~numpyro_sgd.SGLD` (default False).
+    :param str integrator: ``"euler"`` (the paper's update, the only one; default None: ``"euler"``).
     :param kwargs: see :class:`~numpyro_sgd.driver.kernel.SGKernel` and, with the default step size, the
         warmup options of :class:`~numpyro_sgd.ConstantSGD`.
     """
 
     def __init__(self, model, *, step_size=None, num_index_steps=1, target_inflation=TARGET_INFLATION,
-                 preconditioner="auto", control_variates=False, **kwargs):
+                 coordinates="auto", control_variates=False, integrator=None, **kwargs):
         super().__init__(model, step_size=step_size, num_index_steps=num_index_steps, underdamped=False,
-                         default_steps=True, target_inflation=target_inflation, preconditioner=preconditioner,
-                         control_variates=control_variates, **kwargs)
+                         default_steps=True, target_inflation=target_inflation, coordinates=coordinates,
+                         control_variates=control_variates, integrator=integrator, **kwargs)
 
     #: the algorithm builder, called with the validated options
     _builder = staticmethod(overdamped_ewsg)

@@ -26,7 +26,7 @@ import optax
 from jax import random
 from jax.flatten_util import ravel_pytree
 
-from ..adaptation.default_steps import check_langevin_preconditioner, with_default_steps
+from ..adaptation.default_steps import check_coordinates, with_default_steps
 from ..adaptation.noise_warmup import pop_warmup_options
 from ..driver.kernel import SGKernel
 from ..numerics.schedules import polynomial_annealing
@@ -37,26 +37,26 @@ from ..validation import check_choice, check_int, check_number, check_positive, 
 __all__ = ["Santa", "SantaKernelState", "SantaState", "santa", "santa_algorithm", "santa_init", "santa_step",
            "map_estimate"]
 
-SCHEMES = ("euler", "splitting")
+SANTA_INTEGRATORS = ("euler", "splitting")
 
 
-def _check_schedule(schedule, name, must_grow):
+def _check_schedule(beta_schedule, name, must_grow):
     """Refuse a schedule that is not positive and non-decreasing (checked on t = 1 … 10⁷)."""
-    if not callable(schedule):
-        raise TypeError(f"{name}: the annealing schedule must be a callable t -> β_t, got {schedule!r}.")
+    if not callable(beta_schedule):
+        raise TypeError(f"{name}: beta_schedule must be a callable t -> β_t, got {beta_schedule!r}.")
     t = np.unique(np.round(np.geomspace(1, 1e7, 200)))
-    beta = np.asarray(jax.vmap(schedule)(jnp.asarray(t)), dtype=float)
+    beta = np.asarray(jax.vmap(beta_schedule)(jnp.asarray(t)), dtype=float)
     if not np.all(np.isfinite(beta) & (beta > 0)):
-        raise ValueError(f"{name}: the annealing schedule must give finite β_t > 0 for t ≥ 1.")
+        raise ValueError(f"{name}: beta_schedule must give finite β_t > 0 for t ≥ 1.")
     if np.any(np.diff(beta) < -1e-6 * np.abs(beta[1:])):
         k = int(np.argmax(np.diff(beta) < 0))
         raise ValueError(
-            f"{name}: the annealing schedule decreases (β({t[k]:.0f}) = {beta[k]:.4g} > β({t[k + 1]:.0f}) = "
+            f"{name}: beta_schedule decreases (β({t[k]:.0f}) = {beta[k]:.4g} > β({t[k + 1]:.0f}) = "
             f"{beta[k + 1]:.4g}); the inverse temperature must be non-decreasing (β_t → ∞), e.g. "
             "polynomial_annealing(0.5)."
         )
     if must_grow and not beta[-1] > beta[0]:
-        raise ValueError(f"{name}: anneal=True needs a schedule that grows (β_t → ∞); this one is constant.")
+        raise ValueError(f"{name}: anneal=True needs a beta_schedule that grows (β_t → ∞); this one is constant.")
 
 
 class SantaState(NamedTuple):
@@ -89,7 +89,7 @@ def santa_init(rng_key, theta, learning_rate, thermostat_init=None):
 
 
 def santa_step(rng_key, grad, state, learning_rate, beta, explore, *, decay=0.999, damping=1e-8, num_data=1.0,
-               scheme="euler"):
+               integrator="euler"):
     """One Santa step (Alg. 3 with Alg. 4/5 or 6/7); returns ``(Δθ, state)``.
 
     :param grad: f̃_t, the minibatch gradient of the objective U whose exp(−β U) is targeted
@@ -118,7 +118,7 @@ def santa_step(rng_key, grad, state, learning_rate, beta, explore, *, decay=0.99
     noise = jnp.sqrt(2.0 * g_prev * eta**1.5 / beta) * random.normal(rng_key, u.shape, u.dtype)
     noise = jnp.where(explore, noise, 0.0)
     target = jnp.where(explore, eta / beta, 0.0)  # the thermostat's setpoint; frozen in refinement
-    if scheme == "euler":  # Alg. 6 / Alg. 7
+    if integrator == "euler":  # Alg. 6 / Alg. 7
         alpha = jnp.where(explore, alpha + (u * u - target), alpha)
         u = (1.0 - alpha) * u - eta * g * grad + noise
         delta = g * u
@@ -133,27 +133,27 @@ def santa_step(rng_key, grad, state, learning_rate, beta, explore, *, decay=0.99
     return delta, SantaState(v, u, alpha, g, state.count + 1)
 
 
-def santa(learning_rate, *, num_data=1.0, decay=0.999, damping=1e-8, anneal=True, schedule=None, burnin=None,
-          scheme="euler", thermostat_init=None, seed=0):
+def santa(learning_rate, *, num_data=1.0, decay=0.999, damping=1e-8, anneal=True, beta_schedule=None, burnin=None,
+          integrator="euler", thermostat_init=None, seed=0):
     """Santa as an optax ``GradientTransformation`` (for MAP estimation / warm starts).
 
     ``update(grads, state, params=None)`` returns Δθ to *add* (``optax.apply_updates``); the
     grads are those of the objective U (a loss to minimise). With ``anneal=True`` (default) the
-    exploration steps (the first ``burnin``, default 10,000) anneal β_t by ``schedule``
+    exploration steps (the first ``burnin``, default 10,000) anneal β_t by ``beta_schedule``
     (default :func:`polynomial_annealing` (0.5)) and the later steps refine without noise
     (Alg. 3); ``anneal=False`` runs exploration at β = 1 throughout (a sampler, not an
     optimizer). ``num_data``: N for a sum-scaled U (NumPyro's potential; v then uses the
     per-datum f̃/N), 1 (default) for a mean loss. For a mean loss over N data the posterior's
-    temperature is β = N: ``schedule=polynomial_annealing(0.5, scale=N)`` anneals from there
+    temperature is β = N: ``beta_schedule=polynomial_annealing(0.5, scale=N)`` anneals from there
     down (what :func:`map_estimate` uses). The noise keys come from ``seed`` folded with the
     step count.
     """
     if not is_positive_scalar(learning_rate):
         raise ValueError(f"santa: learning_rate (η) must be a positive float, got {learning_rate!r}.")
-    _check_hyper("santa", decay, damping, scheme)
-    schedule = polynomial_annealing(0.5) if schedule is None else schedule
+    _check_hyper("santa", decay, damping, integrator)
+    beta_schedule = polynomial_annealing(0.5) if beta_schedule is None else beta_schedule
     if anneal:
-        _check_schedule(schedule, "santa", must_grow=True)
+        _check_schedule(beta_schedule, "santa", must_grow=True)
     burnin = 10_000 if burnin is None else int(burnin)
     k_init, k_noise = random.split(random.key(seed))
 
@@ -164,22 +164,22 @@ def santa(learning_rate, *, num_data=1.0, decay=0.999, damping=1e-8, anneal=True
     def update(grads, state, params=None):
         flat, unravel = ravel_pytree(grads)
         t = state.count + 1
-        beta = schedule(t) if anneal else 1.0
+        beta = beta_schedule(t) if anneal else 1.0
         explore = (t <= burnin) if anneal else True
         delta, state = santa_step(random.fold_in(k_noise, state.count), flat, state, learning_rate, beta, explore,
-                                  decay=decay, damping=damping, num_data=num_data, scheme=scheme)
+                                  decay=decay, damping=damping, num_data=num_data, integrator=integrator)
         return unravel(delta), state
 
     return optax.GradientTransformation(init, update)
 
 
-def _check_hyper(name, decay, damping, scheme):
+def _check_hyper(name, decay, damping, integrator):
     if not 0 < decay < 1:
         raise ValueError(f"{name}: decay (the RMSprop decay σ of v) must lie in (0, 1), got {decay!r}; the paper uses "
                          "0.999.")
     if not is_positive_scalar(damping):
         raise ValueError(f"{name}: damping (λ in g = 1/√(λ + √v)) must be > 0, got {damping!r}; the paper uses 1e-8.")
-    check_choice(name, "scheme", scheme, SCHEMES, hint="'euler': Alg. 6/7; 'splitting': Alg. 4/5")
+    check_choice(name, "integrator", integrator, SANTA_INTEGRATORS, hint="'euler': Alg. 6/7; 'splitting': Alg. 4/5")
 
 
 class SantaKernelState(NamedTuple):
@@ -201,15 +201,15 @@ class SantaKernelState(NamedTuple):
     basis: tuple = ()
 
 
-def santa_algorithm(potential, *, step_size=None, anneal=False, schedule=None, burnin=None, decay=0.999, damping=1e-8,
-                    scheme="euler", thermostat_init=None, target_inflation=TARGET_INFLATION,
-                    subsample="with_replacement", name="Santa", preconditioner="auto", **warmup_options):
+def santa_algorithm(potential, *, step_size=None, anneal=False, beta_schedule=None, burnin=None, decay=0.999, damping=1e-8,
+                    integrator="euler", thermostat_init=None, target_inflation=TARGET_INFLATION,
+                    subsample="with_replacement", name="Santa", coordinates="auto", **warmup_options):
     """The Santa sampler / annealer (:class:`Santa`) for a traced model.
 
     One SG step (warmup and sampling alike: warmup is burn-in), with t the Santa step count:
 
     * ``k_idx, k_noise = split(rng_key)``; f̃_t = ∇Û_S(θ_{t−1}) on the minibatch of ``k_idx``;
-    * β_t = 1 (``anneal=False``) or ``schedule(t)``; exploration while ``not anneal`` or
+    * β_t = 1 (``anneal=False``) or ``beta_schedule(t)``; exploration while ``not anneal`` or
       t ≤ ``burnin``, refinement after (Alg. 3);
     * ``santa_step`` on the average loss L = U/N at inverse temperature N β_t
       (exp(−Nβ L) = exp(−β U), per-datum units) with the noise key ``k_noise``.
@@ -217,16 +217,16 @@ def santa_algorithm(potential, *, step_size=None, anneal=False, schedule=None, b
     :param potential: the :class:`~numpyro_sgd.model.potential.SubsampledPotential` (plates, N, S, D).
     :param float step_size: η > 0 (per-datum units), or None (β = 1 only): the noise warmup
         replaces burn-in and its end sets η, v, α and u (see :class:`Santa`).
-    :param bool anneal: anneal β_t by ``schedule``, then refine (default False: β = 1).
-    :param schedule: callable t ↦ β_t (default :func:`polynomial_annealing` (0.5)).
+    :param bool anneal: anneal β_t by ``beta_schedule``, then refine (default False: β = 1).
+    :param beta_schedule: callable t ↦ β_t (default :func:`polynomial_annealing` (0.5)).
     :param int burnin: SG steps of exploration (default: the warmup SG steps).
     :return: :class:`~numpyro_sgd.SGAlgorithm`.
     """
-    schedule = polynomial_annealing(0.5) if schedule is None else schedule
+    beta_schedule = polynomial_annealing(0.5) if beta_schedule is None else beta_schedule
     n = potential.num_data
 
     def beta_at(t):
-        return schedule(t) if anneal else jnp.ones((), jnp.float32)
+        return beta_schedule(t) if anneal else jnp.ones((), jnp.float32)
 
     def init(rng_key, theta, num_warmup_steps):
         eta = jnp.nan if step_size is None else step_size
@@ -245,7 +245,7 @@ def santa_algorithm(potential, *, step_size=None, anneal=False, schedule=None, b
         explore = jnp.logical_or(not anneal, t <= state.burnin)             # the first `burnin` steps explore (Alg. 3)
         # per-datum units: the average loss L = U/N at inverse temperature N β (exp(−Nβ L) = exp(−β U))
         delta, santa_state = santa_step(k_noise, grad / n, state.santa, state.step_size, beta * n, explore,
-                                        decay=decay, damping=damping, num_data=1.0, scheme=scheme)
+                                        decay=decay, damping=damping, num_data=1.0, integrator=integrator)
         info = StepInfo(pe, oracle.batch_size, indices, True)
         return theta + delta, state._replace(santa=santa_state, beta=beta), info
 
@@ -272,7 +272,7 @@ def santa_algorithm(potential, *, step_size=None, anneal=False, schedule=None, b
                                  count=jnp.ones_like(s.count))
         return state._replace(santa=santa_state, step_size=eta.astype(dt))
 
-    return with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample, preconditioner)
+    return with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample, coordinates)
 
 
 class Santa(SGKernel):
@@ -290,10 +290,10 @@ class Santa(SGKernel):
     ======================  =====================================================================
     η                       ``step_size`` (η = h², per-datum units, see below)
     σ, λ                    ``decay`` (RMSprop decay σ, default 0.999), ``damping`` (λ, 1e-8)
-    β_t                     1 (``anneal=False``) or ``schedule(t)`` (default t^0.5, ``anneal=True``)
+    β_t                     1 (``anneal=False``) or ``beta_schedule(t)`` (default t^0.5, ``anneal=True``)
     burnin                  ``burnin`` SG steps of exploration (default: all warmup steps), then
                             refinement (``anneal=True`` only)
-    Alg. 4/5 vs 6/7         ``scheme="splitting"`` or ``"euler"`` (default)
+    Alg. 4/5 vs 6/7         ``integrator="splitting"`` or ``"euler"`` (default)
     α₀ = √η C               ``thermostat_init`` = C (default: C = g₁, see below)
     ======================  =====================================================================
 
@@ -309,7 +309,7 @@ class Santa(SGKernel):
     α₀ > 2 made the Euler update diverge on MNIST's always-blank pixels); v₁ = (f̃₁/N)² and
     g₀ = g₁ (see ``santa_step``).
 
-    **Coordinates of the default steps**: as :class:`~numpyro_sgd.SGLD` (``preconditioner``):
+    **Coordinates of the default steps**: as :class:`~numpyro_sgd.SGLD` (``coordinates``):
     φ has the per-datum scale (A/N ≈ I in φ) that Santa's RMSprop damping and thermostat assume.
     Measured on a D = 10 regression with feature correlation 0.9: min ESS 2,035 against 5 in the
     model's coordinates (``benchmarks/langevin_defaults.py``).
@@ -333,7 +333,7 @@ class Santa(SGKernel):
        at the thermostat's equilibrium; the error comes from the thermostat (a start away from
        its equilibrium is not corrected in per-datum units: measured sds 1.2–1.5× too wide after
        2·10⁴ steps from Santa's own α₀) and from correlated minibatch noise (sds 9–14 % too small
-       at α_k ≤ 2τ alone on a correlated regression). The rule is derived for ``scheme="euler"``
+       at α_k ≤ 2τ alone on a correlated regression). The rule is derived for ``integrator="euler"``
        and applied as is to ``"splitting"``.
 
     With a given step size, Santa is slow to burn in: warm-start it at a mode
@@ -353,18 +353,18 @@ class Santa(SGKernel):
     :param model: NumPyro model with a subsample plate.
     :param float step_size: η > 0 (per-datum units), or None (default; β = 1 only, see above).
     :param bool anneal: see above (default False: a sampler); True needs a ``step_size``.
-    :param schedule: callable t ↦ β_t (t ≥ 1), positive and non-decreasing (checked).
+    :param beta_schedule: callable t ↦ β_t (t ≥ 1), positive and non-decreasing (checked).
     :param int burnin: SG steps of exploration for ``anneal=True`` (default: the warmup steps).
     :param float target_inflation: τ ∈ (0, 1) of the default step size (default 0.1): the
         tolerated relative error of the stationary variance.
-    :param str preconditioner: the coordinates of the default steps, as for :class:`~numpyro_sgd.SGLD`
+    :param str coordinates: the coordinates of the default steps, as for :class:`~numpyro_sgd.SGLD`
         (default ``"auto"``: the warmup's curvature; ``"scalar"``: the paper's kernel).
     :param kwargs: see :class:`~numpyro_sgd.driver.kernel.SGKernel` and, with the default step size, the
         warmup options of :class:`~numpyro_sgd.ConstantSGD`.
     """
 
-    def __init__(self, model, *, step_size=None, anneal=False, schedule=None, burnin=None, decay=0.999, damping=1e-8,
-                 scheme="euler", thermostat_init=None, target_inflation=TARGET_INFLATION, preconditioner="auto",
+    def __init__(self, model, *, step_size=None, anneal=False, beta_schedule=None, burnin=None, decay=0.999, damping=1e-8,
+                 integrator="euler", thermostat_init=None, target_inflation=TARGET_INFLATION, coordinates="auto",
                  **kwargs):
         warmup_options = pop_warmup_options("Santa", kwargs, step_size is None)
         super().__init__(model, **kwargs)
@@ -377,18 +377,18 @@ class Santa(SGKernel):
                                    allow_none=True)
         decay = check_number("Santa", "decay", decay)
         damping = check_number("Santa", "damping", damping)
-        _check_hyper("Santa", decay, damping, scheme)
-        if schedule is not None:
-            _check_schedule(schedule, "Santa", must_grow=anneal)
+        _check_hyper("Santa", decay, damping, integrator)
+        if beta_schedule is not None:
+            _check_schedule(beta_schedule, "Santa", must_grow=anneal)
         burnin = check_int("Santa", "burnin", burnin, minimum=0, allow_none=True,
                            what="a non-negative integer number of SG steps")
         thermostat_init = check_positive("Santa", "thermostat_init", thermostat_init, "> 0 (C) or None",
                                          allow_none=True)
         self._options = dict(step_size=None if step_size is None else float(step_size), anneal=bool(anneal),
-                             schedule=schedule, burnin=burnin, decay=float(decay), damping=float(damping),
-                             scheme=scheme, thermostat_init=thermostat_init,
+                             beta_schedule=beta_schedule, burnin=burnin, decay=float(decay), damping=float(damping),
+                             integrator=integrator, thermostat_init=thermostat_init,
                              target_inflation=check_target_inflation("Santa", target_inflation),
-                             preconditioner=check_langevin_preconditioner("Santa", preconditioner,
+                             coordinates=check_coordinates("Santa", coordinates,
                                                                           step_size is not None),
                              **warmup_options)
 
@@ -420,7 +420,7 @@ def map_estimate(model, rng_key, *model_args, optimizer=None, num_steps=10_000, 
     theta = (potential.initial_params(k_init, model_args, model_kwargs) if init_params is None
              else potential.view.ravel(init_params))
     if optimizer is None:
-        optimizer = santa(1e-5, schedule=polynomial_annealing(0.5, scale=n), burnin=num_steps // 2)
+        optimizer = santa(1e-5, beta_schedule=polynomial_annealing(0.5, scale=n), burnin=num_steps // 2)
 
     def body(carry, key):
         theta, opt_state = carry

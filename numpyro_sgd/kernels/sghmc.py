@@ -17,7 +17,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 from jax import random
 
-from ..adaptation.default_steps import check_langevin_preconditioner, with_default_underdamped_steps
+from ..adaptation.default_steps import check_coordinates, with_default_underdamped_steps
 from ..adaptation.noise_warmup import pop_warmup_options
 from ..driver.kernel import SGKernel
 from ..numerics.step_rules import TARGET_INFLATION, check_target_inflation
@@ -48,7 +48,7 @@ class SGHMCState(NamedTuple):
 
 
 def sghmc(potential, *, step_size=None, friction=None, target_inflation=TARGET_INFLATION, subsample="with_replacement",
-          name="SGHMC", preconditioner="auto", control_variates=False, **warmup_options):
+          name="SGHMC", coordinates="auto", control_variates=False, **warmup_options):
     """The SGHMC algorithm (:class:`SGHMC`) for a traced model.
 
     :param potential: the :class:`~numpyro_sgd.model.potential.SubsampledPotential`.
@@ -70,7 +70,7 @@ def sghmc(potential, *, step_size=None, friction=None, target_inflation=TARGET_I
         return theta, state._replace(momentum=momentum), StepInfo(pe, oracle.batch_size, indices, True)
 
     return with_default_underdamped_steps(SGAlgorithm(init, step), potential, name, step_size, friction,
-                                          target_inflation, subsample, warmup_options, preconditioner,
+                                          target_inflation, subsample, warmup_options, coordinates,
                                           control_variates)
 
 
@@ -96,7 +96,7 @@ class SGHMC(SGKernel):
     dominate the minibatch noise h·Q/2 for the stationary law to be close to the posterior.
     With a given step size and friction warmup runs the same dynamics (burn-in).
 
-    **Coordinates of the default steps**: as :class:`~numpyro_sgd.SGLD` (``preconditioner``),
+    **Coordinates of the default steps**: as :class:`~numpyro_sgd.SGLD` (``coordinates``),
     when h is the kernel's; the momentum lives in φ. A ``friction`` given alone is a rate in those
     coordinates, where every direction has the frequency √N (the curvature of U is N I), so
     critical damping is γ = 2√N there whatever the model's units (N = 10⁴: 200), and h is the
@@ -132,19 +132,22 @@ class SGHMC(SGKernel):
     :param float step_size: h > 0, or None (default: see above).
     :param float friction: γ > 0, or None (default: see above).
     :param float target_inflation: τ ∈ (0, 1) of the default step size (default 0.1).
-    :param str preconditioner: the coordinates of the default steps, as for :class:`~numpyro_sgd.SGLD`
+    :param str coordinates: the coordinates of the default steps, as for :class:`~numpyro_sgd.SGLD`
         (default ``"auto"``: the warmup's curvature; ``"scalar"``: the paper's kernel).
+    :param bool control_variates: control-variate gradients about the mode the kernel finds at the end of
+        warmup, as for :class:`~numpyro_sgd.SGLD` (default False).
+    :param str integrator: ``"euler"`` (the paper's update, the only one; default None: ``"euler"``).
     :param kwargs: see :class:`~numpyro_sgd.driver.kernel.SGKernel` and, with a default step or friction,
         the warmup options of :class:`~numpyro_sgd.ConstantSGD`.
     """
 
     def __init__(self, model, *, step_size=None, friction=None, target_inflation=TARGET_INFLATION,
-                 preconditioner="auto", control_variates=False, **kwargs):
+                 coordinates="auto", control_variates=False, integrator=None, **kwargs):
         name = type(self).__name__
         warmup_options = pop_warmup_options(name, kwargs, step_size is None or friction is None)
         super().__init__(model, **kwargs)
-        control_variates, _ = check_control_variates(name, control_variates, None, step_size, preconditioner,
-                                                     ("euler",))
+        self.control_variates, _ = check_control_variates(name, control_variates, integrator, step_size, coordinates,
+                                                          ("euler",))
         if step_size is not None:
             check_step_size(name, step_size)
         if friction is not None:
@@ -152,8 +155,8 @@ class SGHMC(SGKernel):
         self._options = dict(step_size=None if step_size is None else float(step_size),
                              friction=None if friction is None else float(friction),
                              target_inflation=check_target_inflation(name, target_inflation), name=name,
-                             preconditioner=check_langevin_preconditioner(name, preconditioner, step_size is not None),
-                             control_variates=control_variates, **warmup_options)
+                             coordinates=check_coordinates(name, coordinates, step_size is not None),
+                             control_variates=self.control_variates, **warmup_options)
 
     def _build(self, potential, adapt_steps_per_sample=True):
         return sghmc(potential, **self._options, subsample=self._driver.subsample)

@@ -13,7 +13,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 from jax import random
 
-from ..adaptation.default_steps import check_langevin_preconditioner, with_default_overdamped_step, with_default_steps
+from ..adaptation.default_steps import check_coordinates, with_default_overdamped_step, with_default_steps
 from ..adaptation.noise_warmup import pop_warmup_options
 from ..adaptation.relaxation import with_predicted_relaxation
 from ..driver.kernel import SGKernel
@@ -41,7 +41,7 @@ class SGLDState(NamedTuple):
     #: empty with a given step size
     warmup: tuple = ()
     #: the coordinates the default steps run in (:class:`~numpyro_sgd.adaptation.coordinates.CurvatureBasis`, set at
-    #: the end of warmup); empty with ``preconditioner="scalar"`` or given steps
+    #: the end of warmup); empty with ``coordinates="scalar"`` or given steps
     basis: tuple = ()
     #: extremes of the curvature the default steps see (:class:`~numpyro_sgd.numerics.step_rules.Spectrum`, set at the
     #: end of warmup; the prediction of the slowest direction's relaxation reads it); empty with given steps
@@ -52,7 +52,7 @@ class SGLDState(NamedTuple):
 
 
 def sgld(potential, *, step_size=None, temperature=1.0, target_inflation=TARGET_INFLATION,
-         subsample="with_replacement", name="SGLD", preconditioner="auto", control_variates=False,
+         subsample="with_replacement", name="SGLD", coordinates="auto", control_variates=False,
          integrator="euler", **warmup_options):
     """The SGLD algorithm (:class:`SGLD`) for a traced model.
 
@@ -91,7 +91,7 @@ def sgld(potential, *, step_size=None, temperature=1.0, target_inflation=TARGET_
     return with_default_overdamped_step(
         SGAlgorithm(init, exponential_step if integrator == "exponential" else step,
                     describe=lambda state: f"step size {float(state.last_step_size):.3g}"),
-        potential, name, step_size, target_inflation, subsample, warmup_options, preconditioner,
+        potential, name, step_size, target_inflation, subsample, warmup_options, coordinates,
         control_variates=control_variates, integrator=integrator)
 
 
@@ -117,7 +117,7 @@ class SGLD(SGKernel):
     steps use the same dynamics (burn-in); a schedule is evaluated at the global SG step count
     (warmup included).
 
-    **Coordinates of the default steps.** With ``preconditioner="auto"`` the sampling steps run
+    **Coordinates of the default steps.** With ``coordinates="auto"`` the sampling steps run
     in coordinates φ with θ = L φ, L Lᵀ = N A⁻¹ (A the curvature warmup estimated): the step
     preconditioned by the constant M = N A⁻¹, exact in the small-step limit like the plain one,
     and the rule below is applied to Lᵀ Q L and Lᵀ A L. The plain kernel needs λ_max/λ_min(A)
@@ -191,7 +191,7 @@ class SGLD(SGKernel):
     :param float temperature: T > 0 (default 1, the posterior).
     :param float target_inflation: τ ∈ (0, 1), the tolerated relative excess of the stationary
         variance with the default step size (default 0.1; a given ``step_size`` wins).
-    :param str preconditioner: the coordinates the default steps run in: ``"auto"`` (default:
+    :param str coordinates: the coordinates the default steps run in: ``"auto"`` (default:
         those of the warmup's curvature A, :class:`~numpyro_sgd.adaptation.coordinates.CurvatureBasis`; in full up
         to D = 1000, its diagonal above), ``"full"``, ``"diag"``, or ``"scalar"`` (the model's
         own, the paper's kernel). With a given step size the kernel runs in the model's
@@ -200,7 +200,7 @@ class SGLD(SGKernel):
         see below).
     :param str integrator: ``"euler"`` (Welling & Teh Eq. 4) or ``"exponential"`` (exact for the
         Gaussian part; see below). Default: ``"exponential"`` with ``control_variates=True``
-        (and ``preconditioner`` other than ``"scalar"``), else ``"euler"``.
+        (and ``coordinates`` other than ``"scalar"``), else ``"euler"``.
     :param kwargs: see :class:`~numpyro_sgd.driver.kernel.SGKernel` (``steps_per_sample``, ``subsample``,
         ``warmup_subsample``, ``init_strategy``) and, with the default step size only, the warmup
         options of :class:`~numpyro_sgd.ConstantSGD` (``noise_estimator``, ``adam_fraction``,
@@ -226,12 +226,12 @@ class SGLD(SGKernel):
     """
 
     def __init__(self, model, *, step_size=None, temperature=1.0, target_inflation=TARGET_INFLATION,
-                 preconditioner="auto", control_variates=False, integrator=None, **kwargs):
+                 coordinates="auto", control_variates=False, integrator=None, **kwargs):
         name = type(self).__name__
         warmup_options = pop_warmup_options(name, kwargs, step_size is None)
         super().__init__(model, **kwargs)
-        control_variates, integrator = check_control_variates(name, control_variates, integrator, step_size,
-                                                              preconditioner)
+        self.control_variates, integrator = check_control_variates(name, control_variates, integrator, step_size,
+                                                                   coordinates)
         if not callable(step_size):
             step_size = check_positive(name, "step_size", step_size, allow_none=True, what=(
                 "a positive float or a schedule (count -> step size), or None to set it from the gradient noise in "
@@ -241,8 +241,8 @@ class SGLD(SGKernel):
         self._step_size = step_size
         self._temperature = temperature
         self._options = dict(target_inflation=check_target_inflation(name, target_inflation), name=name,
-                             preconditioner=check_langevin_preconditioner(name, preconditioner, step_size is not None),
-                             control_variates=control_variates, integrator=integrator, **warmup_options)
+                             coordinates=check_coordinates(name, coordinates, step_size is not None),
+                             control_variates=self.control_variates, integrator=integrator, **warmup_options)
 
     def _build(self, potential, adapt_steps_per_sample=True):
         return sgld(potential, step_size=self._step_size, temperature=self._temperature, subsample=self._driver.subsample,
@@ -286,7 +286,7 @@ def psgld_step(rng_key, theta, grad, second_moment, step_size, decay, damping, n
 
 
 def psgld(potential, *, step_size=None, decay=0.99, damping=1e-5, target_inflation=TARGET_INFLATION,
-          subsample="with_replacement", name="PSGLD", preconditioner="auto", **warmup_options):
+          subsample="with_replacement", name="PSGLD", coordinates="auto", **warmup_options):
     """The pSGLD algorithm (:class:`PSGLD`) for a traced model.
 
     :param potential: the :class:`~numpyro_sgd.model.potential.SubsampledPotential` (N for ḡ = ∇Û_S / N).
@@ -322,9 +322,9 @@ def psgld(potential, *, step_size=None, decay=0.99, damping=1e-5, target_inflati
                               step_size=eps.astype(state.step_size.dtype), started=jnp.array(True),
                               spectrum=curvature_spectrum(curvature, precond))  # of G^½ A G^½, G as set here
 
-    algorithm = with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample, preconditioner)
+    algorithm = with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample, coordinates)
     # SGLD's AR(1) in the coordinates of G (G held at its value near the mode)
-    return with_predicted_relaxation(algorithm, potential, preconditioner,
+    return with_predicted_relaxation(algorithm, potential, coordinates,
                                      lambda state, a: langevin_autocorrelation_time(state.step_size, a))
 
 
@@ -349,7 +349,7 @@ class PSGLD(SGKernel):
        paper; the preconditioner keeps adapting during sampling, so the chain is only
        approximately stationary. With a given step size warmup runs the same dynamics (burn-in).
 
-    **Coordinates of the default steps**: as :class:`SGLD` (``preconditioner``); the RMSprop G
+    **Coordinates of the default steps**: as :class:`SGLD` (``coordinates``); the RMSprop G
     then acts in φ.
 
     **Default step size** (``step_size=None``). Warmup is the noise warmup of
@@ -373,14 +373,14 @@ class PSGLD(SGKernel):
     :param float decay: α ∈ (0, 1), the RMSprop decay of V (default 0.99).
     :param float damping: λ > 0 (default 1e-5).
     :param float target_inflation: τ ∈ (0, 1) of the default step size (default 0.1).
-    :param str preconditioner: the coordinates of the default steps, as for :class:`~numpyro_sgd.SGLD`
+    :param str coordinates: the coordinates of the default steps, as for :class:`~numpyro_sgd.SGLD`
         (default ``"auto"``: the warmup's curvature; ``"scalar"``: the paper's kernel).
     :param kwargs: see :class:`~numpyro_sgd.driver.kernel.SGKernel` and, with the default step size, the
         warmup options of :class:`~numpyro_sgd.ConstantSGD`.
     """
 
     def __init__(self, model, *, step_size=None, decay=0.99, damping=1e-5, target_inflation=TARGET_INFLATION,
-                 preconditioner="auto", **kwargs):
+                 coordinates="auto", **kwargs):
         warmup_options = pop_warmup_options("PSGLD", kwargs, step_size is None)
         super().__init__(model, **kwargs)
         if step_size is not None:
@@ -391,7 +391,7 @@ class PSGLD(SGKernel):
         damping = check_positive("PSGLD", "damping", damping, "> 0 (λ)")
         self._options = dict(step_size=None if step_size is None else float(step_size), decay=float(decay),
                              damping=float(damping), target_inflation=check_target_inflation("PSGLD", target_inflation),
-                             preconditioner=check_langevin_preconditioner("PSGLD", preconditioner,
+                             coordinates=check_coordinates("PSGLD", coordinates,
                                                                           step_size is not None),
                              **warmup_options)
 
