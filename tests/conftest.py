@@ -31,6 +31,10 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     if _probe.returncode == 0:
         os.environ["XLA_FLAGS"] += " " + _LEGACY
 
+# the suite's shared modules (kernel_registry.py, pinned_draws.py) import by name: with
+# --import-mode=importlib no test folder is on sys.path but this one
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
 import jax  # noqa: E402  (after XLA_FLAGS: read when JAX starts its CPU client)
 import numpy as np  # noqa: E402
 import numpyro  # noqa: E402

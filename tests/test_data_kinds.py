@@ -12,8 +12,6 @@ wrappers and each kind of data; in CI every kind runs on the representative kern
 ``tests/test_mcmc_conformance.py`` and NumPy data on every kernel, the rest with ``-m slow``.
 """
 
-import importlib.util
-import pathlib
 
 import arviz as az
 import jax
@@ -22,6 +20,7 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import pytest
+from kernel_registry import REGISTRY
 from numpyro.infer import MCMC, Predictive, log_likelihood
 
 from numpyro_sgd import ConstantSGD, SGWithinGibbs, StreamedRows, check_run, loo_subsample, to_arviz
@@ -29,11 +28,6 @@ from numpyro_sgd.data import model_args, native
 
 pd = pytest.importorskip("pandas")
 
-# the conformance file's kernels (--import-mode=importlib puts no test folder on sys.path)
-_spec = importlib.util.spec_from_file_location("conformance",
-                                               pathlib.Path(__file__).parent / "test_mcmc_conformance.py")
-conformance = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(conformance)
 
 N, S = 500, 25
 _rng = np.random.default_rng(11)
@@ -80,8 +74,8 @@ def _gibbs(m, **kw):
     return SGWithinGibbs(ConstantSGD(m, preconditioner="diag", **kw), hyper_sites=["tau"])
 
 
-#: (factory, id, marks, model): every kernel of the conformance table, VariationalEM and SGWithinGibbs
-RUNS = [(p.values[0], p.id, p.marks, model) for p in conformance.KERNELS_AND_VEM] + [
+#: (factory, id, marks, model): every kernel of the registry (tests/kernel_registry.py) and SGWithinGibbs
+RUNS = [(e.make, name, e.marks, model) for name, e in REGISTRY.items()] + [
     (_gibbs, "SGWithinGibbs", (), hierarchical_model)]
 KINDS = ("numpy", "large-numpy", "pandas", "memmap", "jax")
 
@@ -90,7 +84,7 @@ def _cases():
     for make, name, marks, m in RUNS:
         for kind in KINDS:
             # NumPy data on every kernel; every kind on the representative ones and SGWithinGibbs
-            quick = kind == "numpy" or name in conformance.REPRESENTATIVE or name == "SGWithinGibbs"
+            quick = kind == "numpy" or name == "SGWithinGibbs" or REGISTRY[name].representative
             yield pytest.param(make, m, kind, id=f"{kind}-{name}",
                                marks=[*marks] if quick else [*marks, pytest.mark.slow])
 

@@ -7,8 +7,6 @@ ArviZ 0.23, and with ArviZ 1.x the same computation vectorised over observations
 (tests/psis_reference.py), checked against ArviZ 1.x's ``loo`` below.
 """
 
-import importlib.util
-import pathlib
 import warnings
 
 import jax
@@ -16,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
+import psis_reference  # tests/psis_reference.py (tests/conftest.py puts this folder on sys.path)
 import pytest
 from numpyro.infer import MCMC
 
@@ -25,12 +24,6 @@ from numpyro_sgd.diagnostics import arviz_export as diag
 from numpyro_sgd.diagnostics.arviz_export import to_arviz
 from numpyro_sgd.diagnostics.loo import loo_subsample
 from numpyro_sgd.diagnostics.runs import pointwise_log_likelihood
-
-# the tests' vectorised PSIS-LOO (a module beside this file; --import-mode=importlib puts no test
-# folder on sys.path)
-_spec = importlib.util.spec_from_file_location("psis_reference", pathlib.Path(__file__).parent / "psis_reference.py")
-psis_reference = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(psis_reference)
 
 CHAINS, DRAWS = 4, 100
 

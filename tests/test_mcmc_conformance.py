@@ -9,60 +9,19 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import pytest
+from kernel_registry import params
 from numpyro.infer import MCMC
 
-from numpyro_sgd import (
-    EWSG,
-    EWSGVR,
-    IASG,
-    PSGLD,
-    SGFS,
-    SGHMC,
-    SGLD,
-    ConstantSGD,
-    OverdampedEWSG,
-    Santa,
-    VariationalEM,
-)
+from numpyro_sgd import SGLD
 
-#: (factory, data passes per 100 SG steps of the runs below: per-datum gradients per step × 100 / N)
-KERNELS = [
-    pytest.param(lambda m, **kw: SGLD(m, step_size=1e-4, **kw), 5, id="SGLD"),
-    pytest.param(lambda m, **kw: ConstantSGD(m, preconditioner="diag", **kw), 5, id="ConstantSGD-diag"),
-    pytest.param(lambda m, **kw: ConstantSGD(m, preconditioner="full", momentum=0.5, **kw), 5,
-                 id="ConstantSGD-full-momentum"),
-    pytest.param(lambda m, **kw: SGFS(m, preconditioner="diag", max_step=1e-3, **kw), 5, id="SGFS-diag"),
-    pytest.param(lambda m, **kw: PSGLD(m, step_size=1e-5, **kw), 5, id="PSGLD"),
-    pytest.param(lambda m, **kw: SGHMC(m, step_size=1e-3, friction=20.0, **kw), 5, id="SGHMC"),
-    # the window is IASG's steps_per_sample (a window ≠ N/S warns that the covariance is rescaled)
-    pytest.param(lambda m, steps_per_sample=1, **kw: IASG(m, window=steps_per_sample, preconditioner="diag",
-                                                              check_validity=False, **kw), 5,
-                 id="IASG-diag", marks=pytest.mark.filterwarnings("ignore:IASG")),
-    pytest.param(lambda m, **kw: Santa(m, step_size=1e-6, **kw), 5, id="Santa"),
-    # M = 1: two minibatch gradients per step
-    pytest.param(lambda m, **kw: EWSG(m, step_size=1e-3, friction=20.0, **kw), 10, id="EWSG"),
-    pytest.param(lambda m, **kw: OverdampedEWSG(m, step_size=1e-4, **kw), 10, id="OverdampedEWSG"),
-    # (M + 2) S per step and a full-data calibration every ⌈N / ((M + 1) S)⌉ = 10 steps: 15 + 10 passes
-    pytest.param(lambda m, **kw: EWSGVR(m, step_size=1e-4, friction=20.0, **kw), 25, id="EWSGVR"),
-    # control variates: S per warmup step, 2 S per sampling step (as VariationalEM, None below); the
-    # centre's full-data passes at the end of warmup are counted apart (kernel_state.control.passes)
-    pytest.param(lambda m, **kw: SGLD(m, control_variates=True, **kw), None, id="SGLD-CV"),
-]
-#: VariationalEM fits the model's param site; one more minibatch gradient (for λ) per sampling step
-VEM = pytest.param(lambda m, **kw: VariationalEM(ConstantSGD(m, preconditioner="diag", **kw)), None, id="VariationalEM")
-KERNELS_AND_VEM = KERNELS + [VEM]
-#: kernels that exercise every path of the shared driver: plain steps (SGLD), an adapting warmup
-#: with momentum (ConstantSGD), a window with end_block (IASG), the index chain and a full-data
-#: calibration (EWSGVR) and a wrapper (VariationalEM). Driver-only checks run on these in CI and
-#: on every kernel with the slow tests (-m slow); what depends on each kernel's state (vmap,
-#: determinism, continuation, pickling, progress text) runs on every kernel.
-REPRESENTATIVE = {"SGLD", "ConstantSGD-full-momentum", "IASG-diag", "EWSGVR", "VariationalEM"}
-
-
-def driver_only(params):
-    """``params`` with the non-representative kernels marked slow."""
-    return [p if p.id in REPRESENTATIVE else pytest.param(*p.values, id=p.id, marks=[*p.marks, pytest.mark.slow])
-            for p in params]
+#: every kernel of the registry (tests/kernel_registry.py): (factory, data passes per 100 SG steps)
+KERNELS_AND_VEM = params()
+#: the driver-only checks run on the representative configurations, which together exercise every
+#: path of the shared driver: plain steps (SGLD), an adapting warmup with momentum (ConstantSGD), a
+#: window with end_block (IASG), the index chain and a full-data calibration (EWSGVR) and a wrapper
+#: (VariationalEM); on every kernel with the slow tests (-m slow). What depends on each kernel's
+#: state (vmap, determinism, continuation, pickling, progress text) runs on every kernel.
+DRIVER_ONLY = params(driver_only=True)
 
 
 N, S = 500, 25
@@ -98,9 +57,9 @@ def _mcmc(make, num_chains=1, chain_method="vectorized", progress_bar=False, ste
 # ones (the others with the slow tests)
 @pytest.mark.parametrize("make, passes, chain_method, progress_bar", [
     pytest.param(*p.values, method, bar, id=f"{method}-{p.id}", marks=p.marks)
-    for method, bar, params in (("vectorized", True, KERNELS_AND_VEM), ("sequential", False,
-                                                                        driver_only(KERNELS_AND_VEM)))
-    for p in params])
+    for method, bar, configs in (("vectorized", True, KERNELS_AND_VEM), ("sequential", False,
+                                                                        DRIVER_ONLY))
+    for p in configs])
 def test_two_chains(make, passes, chain_method, progress_bar):
     mcmc = _mcmc(make, num_chains=2, chain_method=chain_method, progress_bar=progress_bar)
     mcmc.run(jax.random.key(0), Y, extra_fields=("potential_energy", "data_passes", "num_divergences"))
@@ -140,7 +99,7 @@ def test_continuation_and_pickling(make, passes):
     assert int(clone.last_state.i) == 180
 
 
-@pytest.mark.parametrize("make, passes", driver_only(KERNELS_AND_VEM))
+@pytest.mark.parametrize("make, passes", DRIVER_ONLY)
 def test_warmup_then_run(make, passes):
     mcmc = _mcmc(make)
     mcmc.warmup(jax.random.key(4), Y)
@@ -149,7 +108,7 @@ def test_warmup_then_run(make, passes):
     assert int(mcmc.last_state.i) == 100
 
 
-@pytest.mark.parametrize("make, passes", driver_only(KERNELS_AND_VEM))
+@pytest.mark.parametrize("make, passes", DRIVER_ONLY)
 def test_steps_per_sample(make, passes):
     mcmc = _mcmc(make, steps_per_sample=5)
     mcmc.run(jax.random.key(6), Y, extra_fields=("i", "data_passes"))
@@ -158,7 +117,7 @@ def test_steps_per_sample(make, passes):
     np.testing.assert_allclose(extra["data_passes"][-1], _passes(passes, 300, 200))
 
 
-@pytest.mark.parametrize("make, passes", driver_only(KERNELS_AND_VEM))
+@pytest.mark.parametrize("make, passes", DRIVER_ONLY)
 def test_print_summary_and_arviz(make, passes, capsys):
     mcmc = _mcmc(make, num_chains=2)
     mcmc.run(jax.random.key(7), Y)

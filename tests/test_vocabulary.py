@@ -1,4 +1,4 @@
-"""One vocabulary across the kernels (issue 28): every argument after ``model`` (after ``kernel``
+"""One vocabulary across the kernels: every argument after ``model`` (after ``kernel``
 for the wrappers) is keyword-only, the removed old names are refused, one name per concept, the
 top-level exports, and a units statement for ``step_size`` in every kernel's docstring.
 
@@ -10,6 +10,7 @@ import inspect
 import numpyro
 import numpyro.distributions as dist
 import pytest
+from kernel_registry import kernel_classes
 
 import numpyro_sgd
 from numpyro_sgd import (
@@ -37,7 +38,8 @@ def model(y=None):
         numpyro.sample("y", dist.Normal(mu, 1.0), obs=None if y is None else y[idx])
 
 
-KERNELS = [ConstantSGD, SGFS, IASG, SGLD, PSGLD, SGHMC, EWSG, OverdampedEWSG, EWSGVR, Santa]
+#: every kernel class of the registry (tests/kernel_registry.py)
+KERNELS = kernel_classes()
 
 # the arguments that used to be positional, each given by position: Python refuses them now
 POSITIONAL = [

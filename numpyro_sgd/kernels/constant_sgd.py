@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import random
 
-from ..adaptation.noise_warmup import WARMUP, WarmupState, check_warmup_options, noise_warmup, warmup_step_of
+from ..adaptation.noise_warmup import WarmupState, noise_warmup, pop_warmup_options, warmup_step_of
 from ..adaptation.relaxation import predicted_relaxation
 from ..driver.kernel import SGKernel
 from ..numerics.noise import discrete_time_correction as correction_factor
@@ -297,14 +297,10 @@ class ConstantSGD(SGKernel):
 
     def __init__(self, model, *, preconditioner="auto", step_size=None, momentum=1.0,
                  discrete_time_correction=True, prior_noise=False,
-                 noise_estimator=WARMUP.noise_estimator, adam_fraction=WARMUP.adam_fraction,
-                 noise_window=WARMUP.noise_window, adam_lr=WARMUP.adam_lr,
-                 warmup_max_step=WARMUP.warmup_max_step, warmup_newton=WARMUP.warmup_newton, **kwargs):
+                 **kwargs):
         check_choice("ConstantSGD", "preconditioner", preconditioner, ("auto",) + PRECONDITIONERS)
+        self._warmup_options = pop_warmup_options("ConstantSGD", kwargs, True)
         super().__init__(model, **kwargs)
-        self._warmup_options = check_warmup_options(
-            "ConstantSGD", noise_estimator=noise_estimator, adam_fraction=adam_fraction, noise_window=noise_window,
-            adam_lr=adam_lr, warmup_max_step=warmup_max_step, warmup_newton=warmup_newton)
         step_size = check_positive("ConstantSGD", "step_size", step_size, "a positive float or None (use ε*)",
                                    allow_none=True)
         if not 0 < check_number("ConstantSGD", "momentum", momentum) <= 1:

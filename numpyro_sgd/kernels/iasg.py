@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from numpyro.util import find_stack_level
 
-from ..adaptation.noise_warmup import WARMUP, WarmupState, check_warmup_options, noise_warmup, warmup_step_of
+from ..adaptation.noise_warmup import WarmupState, noise_warmup, pop_warmup_options, warmup_step_of
 from ..driver.kernel import SGKernel
 from ..numerics.linalg import cho_solve, eigvalsh
 from ..numerics.noise import fisher_curvature
@@ -357,9 +357,7 @@ class IASG(SGKernel):
 
     def __init__(self, model, *, step_size=None, window=None, preconditioner="auto", window_error=0.05,
                  check_validity=True,
-                 noise_estimator=WARMUP.noise_estimator, adam_fraction=WARMUP.adam_fraction,
-                 noise_window=WARMUP.noise_window, adam_lr=WARMUP.adam_lr,
-                 warmup_max_step=WARMUP.warmup_max_step, warmup_newton=WARMUP.warmup_newton, **kwargs):
+                 **kwargs):
         if "steps_per_sample" in kwargs:
             raise TypeError("IASG: steps_per_sample is the averaging window; pass window=T instead.")
         check_choice("IASG", "preconditioner", preconditioner, IASG_PRECONDITIONERS)
@@ -368,10 +366,8 @@ class IASG(SGKernel):
         window = check_int("IASG", "window", window, allow_none=True,
                            what="an integer >= 1 (SG steps averaged per sample; default N/S)")
         window_error = check_number("IASG", "window_error", window_error)
+        self._warmup_options = pop_warmup_options("IASG", kwargs, True)
         super().__init__(model, **kwargs)
-        self._warmup_options = check_warmup_options(
-            "IASG", noise_estimator=noise_estimator, adam_fraction=adam_fraction, noise_window=noise_window,
-            adam_lr=adam_lr, warmup_max_step=warmup_max_step, warmup_newton=warmup_newton)
         default_step_product(window_error, 1)  # validates window_error before any compute
         self._options = dict(step_size=step_size, window=window, preconditioner=preconditioner,
                              window_error=window_error, check_validity=bool(check_validity),

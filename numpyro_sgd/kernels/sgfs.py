@@ -20,11 +20,10 @@ import jax.numpy as jnp
 from jax import lax, random
 
 from ..adaptation.noise_warmup import (
-    WARMUP,
     WarmupState,
     WarmupSummary,
-    check_warmup_options,
     noise_warmup,
+    pop_warmup_options,
     warmup_step_of,
 )
 from ..driver.kernel import SGKernel
@@ -226,9 +225,7 @@ class SGFS(SGKernel):
 
     def __init__(self, model, *, preconditioner="auto", step_size=None, max_step=None, refresh_every=None,
                  online=True,
-                 noise_estimator=WARMUP.noise_estimator, adam_fraction=WARMUP.adam_fraction,
-                 noise_window=WARMUP.noise_window, adam_lr=WARMUP.adam_lr,
-                 warmup_max_step=WARMUP.warmup_max_step, warmup_newton=WARMUP.warmup_newton, **kwargs):
+                 **kwargs):
         check_choice("SGFS", "preconditioner", preconditioner, ("auto", "full", "diag"))
         step_size = check_positive("SGFS", "step_size", step_size, "a positive float (Mandt's ε)", allow_none=True)
         max_step = check_positive("SGFS", "max_step", max_step, "a positive float (h_max) or None (no cap)",
@@ -240,10 +237,8 @@ class SGFS(SGKernel):
                 "H* = (2/N)(ε BBᵀ + EEᵀ)⁻¹ (Mandt Eq. 36) makes the step ε H* independent of ε, which only scales "
                 "the step cap ε·h_max. Pass max_step=h_max as well to cap the step (Cor. 2), or leave step_size out.")
         refresh_every = check_int("SGFS", "refresh_every", refresh_every, allow_none=True)
+        self._warmup_options = pop_warmup_options("SGFS", kwargs, True)
         super().__init__(model, **kwargs)
-        self._warmup_options = check_warmup_options(
-            "SGFS", noise_estimator=noise_estimator, adam_fraction=adam_fraction, noise_window=noise_window,
-            adam_lr=adam_lr, warmup_max_step=warmup_max_step, warmup_newton=warmup_newton)
         self._options = dict(preconditioner=preconditioner, step_size=1.0 if step_size is None else float(step_size),
                              max_step=max_step, refresh_every=refresh_every, online=bool(online))
 
