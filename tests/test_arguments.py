@@ -10,8 +10,8 @@ import pathlib
 import re
 
 import pytest
-
 from kernel_registry import WRAPPERS, kernel_classes
+
 from numpyro_sgd import SGKernel
 from numpyro_sgd.adaptation.noise_warmup import WARMUP_DEFAULTS
 

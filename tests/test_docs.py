@@ -80,7 +80,8 @@ def test_the_readme_quick_start_runs_as_written(capsys):
         warnings.simplefilter("error", UserWarning)
         exec(compile(code, "README.md", "exec"), namespace)
     out = capsys.readouterr().out
-    sds = [float(x) for line in out.splitlines() if " sd " in line for x in re.findall(r"\d\.\d+", line.split(" sd ")[1])]
+    sds = [float(x) for line in out.splitlines() if " sd " in line
+           for x in re.findall(r"\d\.\d+", line.split(" sd ")[1])]
     assert "sigma mean" in out and "w mean" in out and len(sds) == 4 and min(sds) > 0, out
     w = np.asarray(namespace["mcmc"].get_samples()["w"])
     assert w.shape == (2000, 3)

@@ -13,11 +13,11 @@ import inspect
 import jax
 import jax.numpy as jnp
 import pytest
+import test_mcmc_conformance as conformance
 from jax import random
+from kernel_registry import REGISTRY, WRAPPERS, KernelEntry, params
 
 import numpyro_sgd
-import test_mcmc_conformance as conformance
-from kernel_registry import REGISTRY, WRAPPERS, KernelEntry, params
 from numpyro_sgd import SGAlgorithm, SGKernel, StepInfo
 from numpyro_sgd.validation import check_step_size
 
