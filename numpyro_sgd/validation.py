@@ -96,6 +96,14 @@ def check_model_args(name, model_args, model_kwargs):
                 "selects columns, and JAX cannot index it with traced minibatch indices).")
 
 
+def _host_dtype_kind(value):
+    """NumPy's dtype kind of a host value ("O" when NumPy cannot make one array of it)."""
+    try:
+        return np.asarray(value).dtype.kind
+    except (TypeError, ValueError):
+        return "O"
+
+
 def check_init_params(name, init_params, view, num_chains):
     """``init_params`` as a dict of arrays of the unconstrained shapes of ``view`` (a leading
     dimension of ``num_chains`` when not None); lists and Python scalars are converted. Raises
@@ -104,6 +112,9 @@ def check_init_params(name, init_params, view, num_chains):
     out = dict(init_params)
     for site, shape in zip(view.names, view.shapes):
         value = out[site]
+        if not isinstance(value, jax.Array) and _host_dtype_kind(value) in "OSUV":  # never handed to JAX
+            raise TypeError(f"{name}: init_params['{site}'] is not an array of numbers ({type(value).__name__}); "
+                            f"give an array of shape {shape}.")
         try:
             array = jnp.asarray(value)
         except (TypeError, ValueError) as err:

@@ -40,7 +40,7 @@ def split_arrays(model_args, model_kwargs):
 #: In-memory NumPy arrays of at least this many bytes among the model arguments of a kernel's
 #: ``init`` are read in place, like memmaps (:func:`stream_in_memory`), where the native reader
 #: serves them. It is also the bound of the warning about data compiled in as constants
-#: (``checks.CONSTANT_DATA_WARN_BYTES``): below it, holding the data twice costs little.
+#: (``checks.CONSTANT_DATA_WARN_BYTES``): below it, holding the data several times costs little.
 AUTO_STREAM_BYTES = 32 * 2**20
 
 #: ``id(array)`` → the :class:`StreamedRows` :func:`stream_in_memory` made for the in-memory array,

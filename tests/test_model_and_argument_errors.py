@@ -1,5 +1,5 @@
-"""Bad arguments and inputs get one clear error before any compute (issue 15, "Errors that do not
-tell the user what to fix" and "Crashes at large sizes")."""
+"""Bad arguments, models and inputs of the kernels get one clear error, naming the problem and the
+fix, before any compute; sizes that used to crash (S = 10⁵, N = 10⁷) warm up."""
 
 import os
 import subprocess

@@ -1,5 +1,5 @@
-"""The rows of ``docs/robustness.md`` that no other module tested (issue 30: "Everything in
-docs/robustness.md that it calls checked has a test").
+"""The rows of ``docs/robustness.md`` that no other module tests: every row the page calls checked
+has a test.
 
 Each test gives the smallest input that the row calls bad and asserts the message the row
 promises (its type and its distinctive words); where a check could fire on everything, a good
@@ -62,7 +62,7 @@ def test_warmup_passes_out_of_range_names_the_range(value):
 
 # ---------------------------------------------------------------------------- at init
 def test_numpy_array_closed_over_and_indexed_by_the_plate_names_cause_and_fix():
-    """The row's second example (the first, len(np.unique(group)), is in test_input_errors.py): a
+    """The row's second example (the first, len(np.unique(group)), is in test_model_and_argument_errors.py): a
     NumPy array closed over by the model, indexed with the plate's traced indices."""
     X_np = np.asarray(X)
 
@@ -99,7 +99,7 @@ def test_unbatched_init_params_with_several_chains_stop_in_numpyro(sampled, args
     before it calls the kernel's init: IndexError for a scalar there, its own ValueError for
     another leading dimension than num_chains. NumPyro calls no kernel method with init_params
     before that line, so the kernel cannot intercept it (the kernel's own message, for a first
-    site whose leading dimension is num_chains, is tested in test_input_errors.py)."""
+    site whose leading dimension is num_chains, is tested in test_model_and_argument_errors.py)."""
     kernel = ConstantSGD(sampled)
     mcmc = MCMC(kernel, num_warmup=10, num_samples=5, num_chains=num_chains, chain_method=chain_method,
                 progress_bar=False)
@@ -290,7 +290,7 @@ def vem_model(x, y):
 
 
 def test_rejected_lambda_steps_are_shown_in_the_progress_text():
-    """hyper_step_size=1e3 pushes λ off the support (as in test_options_exports.py, which checks
+    """hyper_step_size=1e3 pushes λ off the support (as in test_schedules_and_exports.py, which checks
     the count and the warning): the bar's text gives the number of rejected λ-steps."""
     x = jnp.asarray(np.random.default_rng(2).normal(size=(200, 2)))
     vem = VariationalEM(SGLD(vem_model, step_size=1e-4), hyper_step_size=1e3)
@@ -314,7 +314,7 @@ REF = {"w": np.random.default_rng(3).normal(size=(2, 100, 2))}
     ({"w": REF["w"] * 1e300}, "compare: the reference has non-finite moments in w[0]", np.nan),
 ], ids=["frozen", "overflow"])
 def test_compare_against_a_degenerate_reference_warns(reference, message, kl):
-    """The row says "a run (or reference)"; the runs are tested in test_options_exports.py."""
+    """The row says "a run (or reference)"; the runs are tested in test_schedules_and_exports.py."""
     with pytest.warns(UserWarning, match=re.escape(message)) as record:
         table = compare({"a": REF}, reference)
     assert not [w for w in record if issubclass(w.category, RuntimeWarning)], [str(w.message) for w in record]
@@ -431,34 +431,34 @@ ROW_TESTS = {
         "test_baselines.py::test_bad_arguments", "test_ewsg.py::test_bad_arguments", "test_iasg.py::test_bad_arguments",
         "test_sgfs.py::test_bad_arguments", "test_driver.py::test_bad_subsample_size",
         "test_default_steps.py::test_target_inflation_validated", "test_vem.py::test_bad_input",
-        "test_robustness_table.py::test_warmup_passes_out_of_range_names_the_range"],
+        "test_robustness_guarantees.py::test_warmup_passes_out_of_range_names_the_range"],
     "a numeric argument given as a string": [
-        "test_input_errors.py::test_numeric_argument_given_as_string_is_a_type_error",
-        "test_input_errors.py::test_ewsgvr_and_vem_string_arguments",
-        "test_input_errors.py::test_numpy_scalars_are_accepted_as_python_values",
-        "test_input_errors.py::test_float_subsample_size_of_the_kernel_suggests_the_int"],
+        "test_model_and_argument_errors.py::test_numeric_argument_given_as_string_is_a_type_error",
+        "test_model_and_argument_errors.py::test_ewsgvr_and_vem_string_arguments",
+        "test_model_and_argument_errors.py::test_numpy_scalars_are_accepted_as_python_values",
+        "test_model_and_argument_errors.py::test_float_subsample_size_of_the_kernel_suggests_the_int"],
     "an argument after `model`": ["test_vocabulary.py::test_arguments_after_the_model_are_keyword_only"],
     "warmup options given with a user step size": ["test_default_steps.py::test_warmup_options_need_the_default_step"],
     "`SGFS(step_size=...)` without `max_step`": [
-        "test_options_exports.py::test_sgfs_step_size_without_max_step_is_refused"],
-    "an SGLD `step_size` schedule": ["test_options_exports.py::test_non_positive_step_size_schedule_is_refused",
-                                     "test_options_exports.py::test_valid_schedules_pass_the_check"],
+        "test_schedules_and_exports.py::test_sgfs_step_size_without_max_step_is_refused"],
+    "an SGLD `step_size` schedule": ["test_schedules_and_exports.py::test_non_positive_step_size_schedule_is_refused",
+                                     "test_schedules_and_exports.py::test_valid_schedules_pass_the_check"],
     # at init
     "the model has no subsample plate": ["test_potential.py::test_bad_models_fail_at_init",
-                                         "test_input_errors.py::test_model_without_a_continuous_latent_is_refused"],
+                                         "test_model_and_argument_errors.py::test_model_without_a_continuous_latent_is_refused"],
     "a plate declared with a non-integer `subsample_size`": [
-        "test_input_errors.py::test_float_subsample_size_in_the_plate_is_named"],
+        "test_model_and_argument_errors.py::test_float_subsample_size_in_the_plate_is_named"],
     "the kernel's `subsample_size` ≥ N": [
-        "test_input_errors.py::test_kernel_subsample_size_equal_to_n_is_full_batch"],
-    "a pandas `DataFrame`/`Series`": ["test_input_errors.py::test_pandas_arguments_are_refused_with_the_fix"],
+        "test_model_and_argument_errors.py::test_kernel_subsample_size_equal_to_n_is_full_batch"],
+    "a pandas `DataFrame`/`Series`": ["test_model_and_argument_errors.py::test_pandas_arguments_are_refused_with_the_fix"],
     "a `numpyro.param` initialised outside its constraint": [
-        "test_input_errors.py::test_param_initialised_outside_its_constraint"],
+        "test_model_and_argument_errors.py::test_param_initialised_outside_its_constraint"],
     "the model calls NumPy or Python on a traced value": [
-        "test_input_errors.py::test_numpy_logic_on_a_traced_argument_names_cause_and_fix",
-        "test_robustness_table.py::test_numpy_array_closed_over_and_indexed_by_the_plate_names_cause_and_fix"],
-    "`init_params` of the wrong shape": ["test_input_errors.py::test_bad_init_params_name_the_site_and_shapes",
-                                         "test_input_errors.py::test_unbatched_init_params_for_vectorized_chains",
-                                         "test_input_errors.py::test_list_init_params_are_converted"],
+        "test_model_and_argument_errors.py::test_numpy_logic_on_a_traced_argument_names_cause_and_fix",
+        "test_robustness_guarantees.py::test_numpy_array_closed_over_and_indexed_by_the_plate_names_cause_and_fix"],
+    "`init_params` of the wrong shape": ["test_model_and_argument_errors.py::test_bad_init_params_name_the_site_and_shapes",
+                                         "test_model_and_argument_errors.py::test_unbatched_init_params_for_vectorized_chains",
+                                         "test_model_and_argument_errors.py::test_list_init_params_are_converted"],
     "rows that look ordered": ["test_minibatch_law.py::test_ordered_rows_are_detected_and_the_default_falls_back",
                                "test_streaming.py::test_shuffle_to_writes_one_random_order_in_bounded_memory"],
     "`cluster_size` that does not divide S": ["test_minibatch_law.py::test_cluster_size_errors_name_the_fix"],
@@ -471,15 +471,15 @@ ROW_TESTS = {
     "a plate declares `subsample_size` equal to its size N": [
         "test_driver.py::test_subsample_size_equal_to_n_is_named"],
     "a site inside a subsample plate whose shape does not broadcast": [
-        "test_input_errors.py::test_model_that_does_not_index_its_data_by_the_plate_names_the_plate"],
+        "test_model_and_argument_errors.py::test_model_that_does_not_index_its_data_by_the_plate_names_the_plate"],
     "`mesh=` with `chain_method=\"parallel\"`": [
-        "test_input_errors.py::test_mesh_with_parallel_chains_is_refused_with_the_fix"],
+        "test_model_and_argument_errors.py::test_mesh_with_parallel_chains_is_refused_with_the_fix"],
     "unbatched `init_params`": [
-        "test_robustness_table.py::test_unbatched_init_params_with_several_chains_stop_in_numpyro",
-        "test_input_errors.py::test_unbatched_init_params_for_vectorized_chains"],
+        "test_robustness_guarantees.py::test_unbatched_init_params_with_several_chains_stop_in_numpyro",
+        "test_model_and_argument_errors.py::test_unbatched_init_params_for_vectorized_chains"],
     "the kernel's `subsample_size` for a model without subsample plates": [
         "test_driver.py::test_subsampling_a_full_plate_needs_one_answer",
-        "test_input_errors.py::test_model_without_any_plate_and_a_kernel_subsample_size_is_refused_at_once",
+        "test_model_and_argument_errors.py::test_model_without_any_plate_and_a_kernel_subsample_size_is_refused_at_once",
         "test_minibatch_law.py::test_a_model_that_keeps_all_rows_is_named_when_s_is_given"],
     "a plate larger than the data it indexes, or a model index past the data": [
         "test_driver.py::test_plate_larger_than_the_data_is_refused",
@@ -498,15 +498,15 @@ ROW_TESTS = {
         "test_control_variates.py::test_a_posterior_far_from_gaussian_is_warned_at_the_end_of_warmup"],
     "NaN or inf data": ["test_driver.py::test_non_finite_data_are_named_before_sampling"],
     "the potential is not finite at the initial point": [
-        "test_input_errors.py::test_non_finite_initial_potential_is_refused_before_sampling"],
-    "`init_params` lacking latent sites": ["test_input_errors.py::test_init_params_lacking_a_site_name_it"],
-    "`chain_method=\"parallel\"` with NumPy data": ["test_input_errors.py::test_parallel_chains_with_numpy_data"],
+        "test_model_and_argument_errors.py::test_non_finite_initial_potential_is_refused_before_sampling"],
+    "`init_params` lacking latent sites": ["test_model_and_argument_errors.py::test_init_params_lacking_a_site_name_it"],
+    "`chain_method=\"parallel\"` with NumPy data": ["test_model_and_argument_errors.py::test_parallel_chains_with_numpy_data"],
     "warmup longer than the int32 step counter": [
         "test_driver.py::test_warmup_beyond_the_int32_step_counter_is_refused"],
     "a minibatch gradient that does O(N) work": ["test_driver.py::test_a_step_that_touches_all_n_rows_warns"],
     "an explicit `steps_per_sample` below a tenth": [
         "test_constant_sgd.py::test_steps_per_sample_far_below_relaxation_warns",
-        "test_robustness_table.py::test_sgfs_steps_per_sample_far_below_relaxation_warns"],
+        "test_robustness_guarantees.py::test_sgfs_steps_per_sample_far_below_relaxation_warns"],
     "more than 32 MiB of model arguments": ["test_compile_once.py::test_large_closed_over_data_warns_with_the_fix"],
     "IASG: a window shorter than its theory needs": [
         "test_iasg.py::test_short_window_warns", "test_iasg.py::test_window_other_than_one_pass_warns_with_the_scale"],
@@ -517,24 +517,24 @@ ROW_TESTS = {
         "test_gibbs.py::test_few_rows_per_group_per_minibatch_warns"],
     "`SGWithinGibbs`: an unknown hyper site": [
         "test_gibbs.py::test_bad_hyper_sites_raise_before_compute",
-        "test_robustness_table.py::test_sg_within_gibbs_with_every_latent_a_hyper_site_is_refused",
-        "test_robustness_table.py::test_sg_within_gibbs_around_iasg_is_refused"],
+        "test_robustness_guarantees.py::test_sg_within_gibbs_with_every_latent_a_hyper_site_is_refused",
+        "test_robustness_guarantees.py::test_sg_within_gibbs_around_iasg_is_refused"],
     "`SGWithinGibbs`: a support that depends on a site of the other block": [
         "test_gibbs.py::test_a_support_that_depends_on_the_other_block_is_refused",
         "test_gibbs.py::test_support_parents"],
     "`mesh=`: the mesh lacks `mesh_axis`": [
-        "test_robustness_table.py::test_mesh_that_the_data_parallel_step_cannot_use_is_refused",
-        "test_robustness_table.py::test_mesh_with_an_ewsg_kernel_is_refused_at_construction",
-        "test_robustness_table.py::test_mesh_over_devices_that_do_not_divide_n_or_s_is_refused"],
+        "test_robustness_guarantees.py::test_mesh_that_the_data_parallel_step_cannot_use_is_refused",
+        "test_robustness_guarantees.py::test_mesh_with_an_ewsg_kernel_is_refused_at_construction",
+        "test_robustness_guarantees.py::test_mesh_over_devices_that_do_not_divide_n_or_s_is_refused"],
     "data sharded over several devices but compiled into the loop": [
         "test_devices.py::test_parallel_chains_and_sharded_constants_on_two_devices"],
     # at the end of warmup
     "ConstantSGD-full with `steps_per_sample` left unset": [
         "test_constant_sgd.py::test_default_steps_per_sample_follow_a_misspecified_model"],
     "a noise warmup of fewer than 20 SG steps": [
-        "test_bad_input_messages.py::test_one_warmup_step_warns_that_the_kernel_samples_from_a_rough_estimate",
-        "test_bad_input_messages.py::test_no_warmup_warns_that_every_step_is_rejected",
-        "test_bad_input_messages.py::"
+        "test_diagnostics_input_errors.py::test_one_warmup_step_warns_that_the_kernel_samples_from_a_rough_estimate",
+        "test_diagnostics_input_errors.py::test_no_warmup_warns_that_every_step_is_rejected",
+        "test_diagnostics_input_errors.py::"
         "test_a_short_warmup_whose_window_holds_no_refresh_step_warns_that_every_step_is_rejected",
         "test_constant_sgd.py::test_short_warmup_warns",
         "test_constant_sgd.py::test_without_warmup_no_step_is_taken_silently",
@@ -572,11 +572,11 @@ ROW_TESTS = {
     "a non-finite potential, gradient, position or changed state": [
         "test_mcmc_conformance.py::test_non_finite_steps_are_rejected_and_reported",
         "test_driver.py::test_a_step_onto_the_support_boundary_is_rejected",
-        "test_robustness_table.py::test_progress_text_counts_the_rejected_steps",
+        "test_robustness_guarantees.py::test_progress_text_counts_the_rejected_steps",
         "test_run_checks.py::test_progress_bar_final_line_shows_final_state"],
     "VariationalEM: a λ-step whose constrained λ would leave": [
-        "test_options_exports.py::test_lambda_steps_that_leave_the_support_are_rejected_and_counted",
-        "test_robustness_table.py::test_rejected_lambda_steps_are_shown_in_the_progress_text"],
+        "test_schedules_and_exports.py::test_lambda_steps_that_leave_the_support_are_rejected_and_counted",
+        "test_robustness_guarantees.py::test_rejected_lambda_steps_are_shown_in_the_progress_text"],
     # after the run
     "`numpyro_sgd.check_run(mcmc)`": [
         "test_run_checks.py::test_check_run_passes_a_good_run",
@@ -586,39 +586,39 @@ ROW_TESTS = {
         "test_run_checks.py::test_check_run_reports_rejected_steps",
         "test_run_checks.py::test_check_run_reports_a_check_it_cannot_evaluate_and_runs_the_others",
         "test_run_checks.py::test_check_run_on_a_dependent_support_model_returns_messages",
-        "test_robustness_table.py::test_check_run_says_undefined_r_hat_and_ess_in_words",
-        "test_robustness_table.py::test_check_run_says_a_non_finite_gradient_at_the_mean_in_words",
-        "test_bad_input_messages.py::test_diagnostics_of_an_mcmc_that_was_not_run_say_call_run"],
+        "test_robustness_guarantees.py::test_check_run_says_undefined_r_hat_and_ess_in_words",
+        "test_robustness_guarantees.py::test_check_run_says_a_non_finite_gradient_at_the_mean_in_words",
+        "test_diagnostics_input_errors.py::test_diagnostics_of_an_mcmc_that_was_not_run_say_call_run"],
     "`SGKernel.warn_divergences(mcmc.last_state)`": [
         "test_mcmc_conformance.py::test_non_finite_steps_are_rejected_and_reported"],
     "`diagnostics.compare(runs, reference)`": [
         "test_diagnostics.py::test_compare_against_exact_gaussian",
         "test_diagnostics.py::test_compare_mcmc_runs_against_draws",
         "test_diagnostics.py::test_nuts_reference_is_the_full_data_posterior",
-        "test_options_exports.py::test_compare_degenerate_runs_warn",
-        "test_options_exports.py::test_compare_site_names_and_reference_without_chains",
-        "test_robustness_table.py::test_compare_against_a_degenerate_reference_warns",
-        "test_bad_input_messages.py::test_compare_with_a_reference_run_lacking_a_site_of_the_run_names_it",
-        "test_bad_input_messages.py::test_compare_with_a_reference_dict_lacking_a_site_of_the_run_names_it",
-        "test_bad_input_messages.py::test_compare_with_a_run_lacking_a_site_of_the_reference_names_it",
-        "test_bad_input_messages.py::test_diagnostics_of_an_mcmc_that_was_not_run_say_call_run"],
+        "test_schedules_and_exports.py::test_compare_degenerate_runs_warn",
+        "test_schedules_and_exports.py::test_compare_site_names_and_reference_without_chains",
+        "test_robustness_guarantees.py::test_compare_against_a_degenerate_reference_warns",
+        "test_diagnostics_input_errors.py::test_compare_with_a_reference_run_lacking_a_site_of_the_run_names_it",
+        "test_diagnostics_input_errors.py::test_compare_with_a_reference_dict_lacking_a_site_of_the_run_names_it",
+        "test_diagnostics_input_errors.py::test_compare_with_a_run_lacking_a_site_of_the_reference_names_it",
+        "test_diagnostics_input_errors.py::test_diagnostics_of_an_mcmc_that_was_not_run_say_call_run"],
     "`arviz.from_numpyro(mcmc, log_likelihood=True)`": [
-        "test_options_exports.py::test_arviz_from_numpyro_of_a_run_exports_its_own_rows_after_the_kernel_is_reused"],
+        "test_schedules_and_exports.py::test_arviz_from_numpyro_of_a_run_exports_its_own_rows_after_the_kernel_is_reused"],
     "`diagnostics.to_arviz(mcmc)`": [
         "test_loo.py::test_to_arviz_auto_skips_above_limit",
-        "test_options_exports.py::test_to_arviz_exports_the_runs_own_data",
-        "test_options_exports.py::test_to_arviz_with_an_improper_prior",
-        "test_options_exports.py::test_to_arviz_refuses_data_of_another_size",
-        "test_options_exports.py::test_to_arviz_before_run",
-        "test_robustness_table.py::test_exports_of_a_run_whose_kernel_was_reinitialised_on_other_data_are_refused"],
+        "test_schedules_and_exports.py::test_to_arviz_exports_the_runs_own_data",
+        "test_schedules_and_exports.py::test_to_arviz_with_an_improper_prior",
+        "test_schedules_and_exports.py::test_to_arviz_refuses_data_of_another_size",
+        "test_schedules_and_exports.py::test_to_arviz_before_run",
+        "test_robustness_guarantees.py::test_exports_of_a_run_whose_kernel_was_reinitialised_on_other_data_are_refused"],
     "`loo_subsample(...)`": [
         "test_loo.py::test_bad_input_raises_before_compute",
         "test_loo.py::test_non_finite_draws_are_named_before_compute",
-        "test_robustness_table.py::test_loo_pareto_k_above_the_threshold_warns",
-        "test_robustness_table.py::test_loo_posterior_correction_pareto_k_above_07_warns",
-        "test_robustness_table.py::test_loo_of_exact_draws_on_clean_data_does_not_warn",
-        "test_bad_input_messages.py::test_loo_subsample_reads_flat_draws_from_their_shapes",
-        "test_bad_input_messages.py::test_loo_subsample_with_draws_that_contradict_batch_ndims_names_the_site"],
+        "test_robustness_guarantees.py::test_loo_pareto_k_above_the_threshold_warns",
+        "test_robustness_guarantees.py::test_loo_posterior_correction_pareto_k_above_07_warns",
+        "test_robustness_guarantees.py::test_loo_of_exact_draws_on_clean_data_does_not_warn",
+        "test_diagnostics_input_errors.py::test_loo_subsample_reads_flat_draws_from_their_shapes",
+        "test_diagnostics_input_errors.py::test_loo_subsample_with_draws_that_contradict_batch_ndims_names_the_site"],
     "`compare_loo(results)`": ["test_loo.py::test_compare_nested_models",
                                "test_loo.py::test_compare_loo_refuses_runs_fitted_to_different_responses"],
 }

@@ -1,5 +1,5 @@
-"""Bad inputs a new user tried (issue 44, groups 2, 4 and 5): each gives a message that names the
-function, the site or argument, the problem and the fix, raised before any compute.
+"""Bad inputs of the diagnostics: each gives a message that names the function, the site or
+argument, the problem and the fix, raised before any compute.
 
 * ``compare`` with a reference (an ``MCMC`` run or a dict of draws) that lacks a site of the run,
   or a run that lacks a site of the reference;

@@ -1,5 +1,5 @@
-"""Options that did nothing or went wrong, exports built from the wrong data, exports and
-comparisons that failed on valid input (issue 15, items 6, 7, 9 and part of its error list).
+"""Step-size schedules and VariationalEM's hyperparameter steps are checked and take effect;
+``to_arviz`` and ``compare`` export and compare a run's own data, and refuse what they cannot.
 
 Most checks raise before any compute; the sampling runs are tiny (N = 200, S = 20, a few dozen
 SG steps) and shared by a module fixture.
