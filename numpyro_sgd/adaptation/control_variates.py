@@ -42,14 +42,13 @@ from jax import lax, random
 from ..model.oracle import grad_and_hessian
 from ..numerics.linalg import cho_solve
 from ..numerics.preconditioners import regularized_cholesky
+from ..numerics.row_blocks import FULL_PASS_ROWS, sum_over_row_blocks
 
 __all__ = ["Centre", "ControlState", "unset_control", "ControlVariateOracle", "full_potential_and_grad",
-           "newton_centre", "control_variate_noise", "fixed_rows", "curvature_at", "curvature_rows", "CHUNK_ROWS",
+           "newton_centre", "control_variate_noise", "fixed_rows", "curvature_at", "curvature_rows",
            "CURVATURE_ROWS", "MAX_NEWTON_STEPS", "NEWTON_TOLERANCE", "NEWTON_ROWS", "NEWTON_RADIUS", "check_single_plate",
            "NONLINEARITY_WARN", "PRIOR_PULL_WARN", "off_gaussian_message"]
 
-#: rows per block of a streamed full-data pass
-CHUNK_ROWS = 16_384
 #: rows of the fixed sets the Hessian at the centre and the measure of the control-variate noise
 #: are taken on (two independent sets): the Hessian's relative error in a direction is about
 #: √(D/rows), which is, at large steps, the relative error of the sampled variance along it
@@ -140,7 +139,7 @@ def curvature_at(oracle, theta, rows=CURVATURE_ROWS):
     return grad_and_hessian(lambda t: oracle.potential_energy(t, batch), theta)[1]
 
 
-def full_potential_and_grad(oracle, theta, chunk_size=CHUNK_ROWS):
+def full_potential_and_grad(oracle, theta, chunk_size=FULL_PASS_ROWS):
     """(U(θ), ∇U(θ)) over every row of the model's one subsample plate, in blocks of about
     ``chunk_size`` rows: Σ_c (K_c/N) Û_{K_c}(θ) for blocks K_c (each block's potential carries the
     prior and the scale N/K_c, so the weights K_c/N sum the prior once and every row once). On a
@@ -149,23 +148,15 @@ def full_potential_and_grad(oracle, theta, chunk_size=CHUNK_ROWS):
     Memory O(chunk_size · D)."""
     (plate,) = oracle.plates
     n, k = plate.size, oracle.num_shards
-    rows = n // k
-    c = max(1, min(chunk_size // k, rows))
-    num_full, rest = divmod(rows, c)
 
     def block(start, size):
         pe, grad = oracle.potential_and_grad(theta, oracle.shard_rows(start, size))
         return pe * (k * size / n), grad * (k * size / n)
 
-    pes, grads = lax.map(lambda k: block(k * c, c), jnp.arange(num_full, dtype=jnp.int32))
-    pe, grad = jnp.sum(pes), jnp.sum(grads, axis=0)
-    if rest:
-        pe_r, grad_r = block(num_full * c, rest)
-        pe, grad = pe + pe_r, grad + grad_r
-    return pe, grad
+    return sum_over_row_blocks(block, n // k, max(1, chunk_size // k))
 
 
-def newton_centre(oracle, theta, max_steps=MAX_NEWTON_STEPS, tolerance=NEWTON_TOLERANCE, chunk_size=CHUNK_ROWS,
+def newton_centre(oracle, theta, max_steps=MAX_NEWTON_STEPS, tolerance=NEWTON_TOLERANCE, chunk_size=FULL_PASS_ROWS,
                   rows=NEWTON_ROWS, radius=NEWTON_RADIUS):
     """The centre θ̂ (:class:`Centre`) from ``theta``: damped Newton steps θ ← θ − s H⁻¹ ∇U(θ),
     ∇U on all rows (:func:`full_potential_and_grad`), H the Hessian of the potential on a fixed

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro.util import find_stack_level
 
+from ..numerics.row_blocks import FULL_PASS_ROWS, sum_over_row_blocks
 from .runs import kernel_of, run_model_args
 
 __all__ = ["check_run"]
@@ -49,24 +50,21 @@ def _unconstrained_draws(kernel, samples):
     return out
 
 
-def _full_gradient(kernel, theta, model_args, model_kwargs, params, chunk_size=100_000):
-    """∇U(θ) on all the data: one plate of N > ``chunk_size`` rows is summed in chunks as
-    Σ_c (K_c/N) ∇Û_{K_c}(θ) (each chunk's potential carries the prior and the scale N/K_c), so no
+def _full_gradient(kernel, theta, model_args, model_kwargs, params, chunk_size=FULL_PASS_ROWS):
+    """∇U(θ) on all the data: one plate of N > ``chunk_size`` rows is summed in blocks as
+    Σ_c (K_c/N) ∇Û_{K_c}(θ) (each block's potential carries the prior and the scale N/K_c), so no
     N-sized intermediate is built."""
     potential = kernel.potential
     plates = potential.plates
     if len(plates) != 1 or plates[0].size <= chunk_size:
         return jax.grad(potential.full_potential)(theta, model_args, model_kwargs, params)
     (plate,) = plates
-    n, m = plate.size, plate.size // chunk_size
 
     def grad_at(start, size):
         idx = {plate.name: start + jnp.arange(size)}
-        return jax.grad(potential.potential)(theta, idx, model_args, model_kwargs, params) * (size / n)
+        return jax.grad(potential.potential)(theta, idx, model_args, model_kwargs, params) * (size / plate.size)
 
-    total = jnp.sum(jax.lax.map(lambda c: grad_at(c * chunk_size, chunk_size), jnp.arange(m)), axis=0)
-    rest = n - m * chunk_size
-    return total + (grad_at(m * chunk_size, rest) if rest else 0.0)
+    return sum_over_row_blocks(grad_at, plate.size, chunk_size)
 
 
 def _worst(stat, draws, pick):

@@ -41,6 +41,7 @@ from ..numerics.index_chain import (
     count_index_moves,
     describe_index_chain,
 )
+from ..numerics.row_blocks import FULL_PASS_ROWS, sum_over_row_blocks
 from ..numerics.step_rules import TARGET_INFLATION, check_target_inflation
 from ..protocol import SGAlgorithm, StepInfo
 from ..validation import check_control_variates, check_friction, check_int, check_step_size
@@ -419,7 +420,7 @@ class EWSGVRState(NamedTuple):
 
 
 def ewsg_vr(potential, *, step_size, friction, num_index_steps=1, x_estimate="momentum", calibration_period=1,
-            chunk_size=4096, name="EWSGVR"):
+            chunk_size=FULL_PASS_ROWS, name="EWSGVR"):
     """The EWSG-VR algorithm (:class:`EWSGVR`, Alg. 2) for a traced model with one subsample plate.
 
     :param potential: the :class:`~numpyro_sgd.model.potential.SubsampledPotential`.
@@ -435,18 +436,12 @@ def ewsg_vr(potential, *, step_size, friction, num_index_steps=1, x_estimate="mo
 
     def full_moments(theta, oracle):
         """m1 = (1/N) Σ_i g_i and m2 = (1/N) Σ_i g_i g_iᵀ with g_i = ∇Û_{i} (= n ∇V_i), all N data."""
-        size, c = plate.size, min(chunk_size, plate.size)
-        num_chunks = -(-size // c)
-        idx = jnp.arange(num_chunks * c).reshape(num_chunks, c)
-
-        def chunk(ids):
-            mask = (ids < size).astype(theta.dtype)
-            _, _, (rows,) = oracle.per_example_grads(theta, {plate.name: jnp.minimum(ids, size - 1)})
-            rows = rows * mask[:, None]
+        def block(start, size):
+            _, _, (rows,) = oracle.per_example_grads(theta, {plate.name: start + jnp.arange(size)})
             return jnp.sum(rows, 0), rows.T @ rows
 
-        s1, s2 = lax.map(chunk, idx)
-        return jnp.sum(s1, 0) / size, jnp.sum(s2, 0) / size
+        s1, s2 = sum_over_row_blocks(block, plate.size, chunk_size)
+        return s1 / plate.size, s2 / plate.size
 
     def init(rng_key, theta, num_warmup_steps):
         dt, d = theta.dtype, theta.shape[0]
@@ -559,12 +554,13 @@ class EWSGVR(_IndexChainKernel):
     :param int num_index_steps: M ≥ 0 (default 1).
     :param int calibration_period: L ≥ 1, data passes between full-data calibrations.
     :param str x_estimate: as :class:`EWSG`.
-    :param int chunk_size: data per vmapped chunk of the full-data calibration (memory).
+    :param int chunk_size: rows per block of the full-data calibration pass (memory; default
+        :data:`~numpyro_sgd.numerics.row_blocks.FULL_PASS_ROWS`).
     :param kwargs: see :class:`~numpyro_sgd.driver.kernel.SGKernel`.
     """
 
     def __init__(self, model, *, step_size, friction, num_index_steps=1, calibration_period=1,
-                 x_estimate="momentum", chunk_size=4096, **kwargs):
+                 x_estimate="momentum", chunk_size=FULL_PASS_ROWS, **kwargs):
         super().__init__(model, step_size=step_size, num_index_steps=num_index_steps, underdamped=True,
                          friction=friction, x_estimate=x_estimate,
                          **kwargs)
