@@ -2,9 +2,9 @@
 
 A hand-written jitted ``lax.scan`` of constant-SGD steps of a logistic regression (gather S
 rows, gradient, update) makes one pass of N/S steps, with the minibatch indices from
-``random.randint`` (threefry), from ``numpyro_sgd.minibatch.indices.uniform_indices`` (the package's
+``random.randint`` (threefry), from ``numpyro_sgd.minibatch.with_replacement.uniform_indices`` (the package's
 counter-based hash), or as S/B clusters of B consecutive rows
-(``numpyro_sgd.minibatch.indices.cluster_indices``, ``--clusters B ...``); the baseline is NumPy's
+(``numpyro_sgd.minibatch.with_replacement.cluster_indices``, ``--clusters B ...``); the baseline is NumPy's
 ``X.sum(0)`` of the same array in the same process. Medians of interleaved repeats::
 
     python benchmarks/index_draws.py --n 10000000 --d 50 --s 10000 --clusters 16 50 125 250
@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax, random
 
-from numpyro_sgd.minibatch.indices import cluster_indices, uniform_indices
+from numpyro_sgd.minibatch.with_replacement import cluster_indices, uniform_indices
 
 
 def data_pass(draw, n, s):

@@ -162,7 +162,7 @@ def cold(X, y, read_s, repeats):
     pass, from a warmed-up state; the same run warm for comparison) and one pass of the
     hand-written loop with the native reader (:func:`hand_written_pass`); medians of
     ``repeats``."""
-    from numpyro_sgd.minibatch.indices import choose_cluster_size
+    from numpyro_sgd.minibatch.policy import choose_cluster_size
 
     def timed(fn, drop):
         seconds = []
@@ -269,7 +269,7 @@ def hand_written_pass(X, y, cluster_size, reader, repeats=3, program=False):
     (:func:`numpyro_sgd.data.native.read_rows`, one custom call per array). ``program=True``: the
     compiled loop as a function of nothing (one pass), compiled without reading the data."""
     from numpyro_sgd.data import native
-    from numpyro_sgd.minibatch.indices import cluster_indices
+    from numpyro_sgd.minibatch.with_replacement import cluster_indices
 
     n, d, s = X.shape[0], X.shape[1], 10_000
     data = (jnp.asarray(X), jnp.asarray(y)) if reader == "device" else ()  # arguments, not XLA constants
@@ -307,7 +307,7 @@ def breakdown(X, y, read_s):
     (:func:`hand_written_pass`); an empty host callback in a compiled loop; and the host gathers
     of the callback runs (``StreamedRows.gather``, timed inside them: seconds per call, per array)."""
     from numpyro_sgd.data.streaming import StreamedRows
-    from numpyro_sgd.minibatch.indices import choose_cluster_size
+    from numpyro_sgd.minibatch.policy import choose_cluster_size
 
     b = choose_cluster_size(X.shape[0], 10_000, X.shape[1], X.shape[1] * X.itemsize + y.itemsize)
     hand = {reader: hand_written_pass(X, y, b, reader) for reader in ("native", "callback", "device")}

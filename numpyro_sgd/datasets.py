@@ -421,7 +421,7 @@ def shuffle_rows(*arrays, seed=0, chunk_rows=1 << 16):
     """The arrays with their rows in one common random order (one new copy of each).
 
     The kernels' default minibatch law at large N reads clusters of consecutive rows
-    (:func:`~numpyro_sgd.minibatch.indices.cluster_indices`); its noise is that of random rows only when
+    (:func:`~numpyro_sgd.minibatch.with_replacement.cluster_indices`); its noise is that of random rows only when
     the rows are in random order, and a kernel that finds them ordered (sorted by the response, a
     time stamp, a group) warns and draws random rows instead. Shuffle once, before the run::
 

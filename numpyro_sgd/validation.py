@@ -170,14 +170,6 @@ def is_positive_scalar(value):
 #: needs 10–20 passes on the problems of the tests and examples; see docs/performance.md)
 DEFAULT_WARMUP_PASSES = 20
 
-#: How minibatch indices are drawn. ``"with_replacement"`` (default) draws S i.i.d. uniform
-#: indices; ``"without_replacement"`` draws a fresh uniformly random S-subset every step;
-#: ``"shuffle"`` walks through a random permutation epoch by epoch (every datum once per
-#: epoch). Shuffling makes consecutive gradients negatively correlated and shrinks the
-#: stationary spread (measured), so kernels only allow it for warmup.
-SUBSAMPLE_METHODS = ("with_replacement", "without_replacement", "shuffle")
-
-
 class DriverOptions(NamedTuple):
     """The options every kernel takes (:class:`~numpyro_sgd.SGKernel`), validated once by
     ``driver_options``; None where the kernel chooses.
@@ -199,7 +191,8 @@ class DriverOptions(NamedTuple):
         no relaxation time such as SGLD) a warmup iteration takes ``steps_per_sample`` SG steps,
         as a sampling iteration does.
     :param str subsample: how sampling-phase minibatches are drawn, ``"with_replacement"``
-        (default) or ``"without_replacement"`` (see ``numpyro_sgd.validation.SUBSAMPLE_METHODS``).
+        (default), ``"without_replacement"`` or any law of :mod:`numpyro_sgd.minibatch.law` allowed
+        for sampling (validated by :func:`~numpyro_sgd.minibatch.law.check_laws`).
     :param str warmup_subsample: how warmup minibatches are drawn; defaults to ``subsample``;
         ``"shuffle"`` (epoch-wise reshuffling) is allowed here only, since it biases the
         stationary law.
@@ -207,7 +200,7 @@ class DriverOptions(NamedTuple):
     :param subsample_size: minibatch size S to use instead of the one the model's plate declares
         (an int for every subsample plate, or ``{plate name: S}``); the N/S scaling follows. Lets
         you pick the throughput-optimal S without editing the model (see docs/performance.md). ``"auto"``:
-        the kernel picks S from N and the backend (:func:`~numpyro_sgd.minibatch.indices.choose_subsample_size`:
+        the kernel picks S from N and the backend (:func:`~numpyro_sgd.minibatch.policy.choose_subsample_size`:
         10⁴ on a CPU, 10⁵ on a GPU, at most N/10; N/100 for IASG); it does so too for a model whose
         data plate declares no subsample_size (NumPyro's one model for NUTS and SG).
     :param mesh: a ``jax.sharding.Mesh`` over which the data rows are split (``None``: one device).
@@ -218,9 +211,9 @@ class DriverOptions(NamedTuple):
     :param str mesh_axis: the mesh axis the rows are split over.
     :param int cluster_size: with ``subsample="with_replacement"``, draw each minibatch as S/B
         clusters of B consecutive rows (the *cluster law*,
-        :func:`~numpyro_sgd.minibatch.indices.cluster_indices`: unbiased whatever the order of the rows,
+        :func:`~numpyro_sgd.minibatch.with_replacement.cluster_indices`: unbiased whatever the order of the rows,
         its noise estimated from the cluster sums) instead of S random rows. Default (None): B
-        from :func:`~numpyro_sgd.minibatch.indices.choose_cluster_size` (1, random rows, unless the data
+        from :func:`~numpyro_sgd.minibatch.policy.choose_cluster_size` (1, random rows, unless the data
         the plate indexes exceed 64 MiB; then clusters of about 32 KiB, which a CPU reads several
         times faster than random rows), falling back to random rows with a warning when the rows
         look ordered. ``1``: random rows; an int B that divides S: clusters of B.
@@ -238,26 +231,17 @@ class DriverOptions(NamedTuple):
 
 
 def driver_options(name, supports_mesh, supports_clusters, *, steps_per_sample, subsample, warmup_subsample,
-                   init_strategy, subsample_size, warmup_passes, mesh, mesh_axis, cluster_size):
+                   init_strategy, subsample_size, warmup_passes, mesh, mesh_axis, cluster_size, law_clusters=True):
     """:class:`DriverOptions`, each checked: a clear error naming the option and the fix.
     ``supports_mesh`` / ``supports_clusters``: whether the kernel allows ``mesh=`` and the
-    cluster law (a kernel that draws its minibatch indices by its own rule allows neither)."""
+    cluster law (a kernel that draws its minibatch indices by its own rule allows neither);
+    ``law_clusters``: whether the minibatch law ``subsample`` (already checked,
+    :func:`~numpyro_sgd.minibatch.law.check_laws`) draws clusters."""
     check_int(name, "steps_per_sample", steps_per_sample, allow_none=True,
               what="an integer >= 1 or None (the kernel's relaxation time, one data pass for ConstantSGD/SGFS)")
     warmup_passes = check_positive(
         name, "warmup_passes", warmup_passes, allow_none=True,
         what=f"a positive number of data passes or None (default {DEFAULT_WARMUP_PASSES})")
-    if subsample not in ("with_replacement", "without_replacement"):
-        hint = (" 'shuffle' is allowed only as warmup_subsample: reshuffling per epoch makes "
-                "consecutive gradients anticorrelated and shrinks the stationary spread."
-                if subsample == "shuffle" else "")
-        raise ValueError(
-            f"{name}: subsample={subsample!r} is not supported for sampling; use "
-            f"'with_replacement' or 'without_replacement'.{hint}"
-        )
-    warmup_subsample = subsample if warmup_subsample is None else warmup_subsample
-    if warmup_subsample not in SUBSAMPLE_METHODS:
-        raise ValueError(f"{name}: warmup_subsample must be one of {SUBSAMPLE_METHODS}, got {warmup_subsample!r}.")
     if subsample_size is not None and not (isinstance(subsample_size, str) and subsample_size == "auto"):
         sizes = subsample_size if isinstance(subsample_size, dict) else {None: subsample_size}
         what = "an integer >= 1 or a dict {plate name: integer}"
@@ -271,7 +255,7 @@ def driver_options(name, supports_mesh, supports_clusters, *, steps_per_sample, 
                          "rule, which a per-device stratified draw would change.")
     if cluster_size is not None:
         check_int(name, "cluster_size", cluster_size, what="an integer >= 1 dividing subsample_size, or None")
-        if cluster_size > 1 and (not supports_clusters or subsample != "with_replacement"):
+        if cluster_size > 1 and not (supports_clusters and law_clusters):
             why = ("this kernel draws its minibatch indices by its own rule" if not supports_clusters else
                    f"subsample={subsample!r} draws rows")
             raise ValueError(f"{name}: cluster_size={cluster_size} is not supported here: {why}. "

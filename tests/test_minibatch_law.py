@@ -1,4 +1,4 @@
-"""The minibatch law at large N: the cluster law (numpyro_sgd.minibatch.indices.cluster_indices), its size
+"""The minibatch law at large N: the cluster law (numpyro_sgd.minibatch.with_replacement.cluster_indices), its size
 rule, its noise estimate, the ordered-data check and the stationary law of ConstantSGD under it;
 and the minibatch size S the kernel picks (choose_subsample_size)."""
 
@@ -13,16 +13,16 @@ import pytest
 from jax import random
 from numpyro.infer import MCMC
 
-import numpyro_sgd.minibatch.indices as indices_module
+import numpyro_sgd.minibatch.policy as policy_module
 from numpyro_sgd import EWSG, IASG, ConstantSGD
 from numpyro_sgd.datasets import shuffle_rows
-from numpyro_sgd.minibatch.indices import (
+from numpyro_sgd.minibatch.policy import (
     choose_cluster_size,
     choose_subsample_size,
-    cluster_indices,
     order_design_effect,
     resolve_cluster_sizes,
 )
+from numpyro_sgd.minibatch.with_replacement import cluster_indices
 from numpyro_sgd.model.potential import SubsampledPotential
 from numpyro_sgd.numerics.noise import cluster_rows, noise_estimator
 
@@ -94,7 +94,7 @@ def test_ordered_rows_are_detected_and_the_default_falls_back(monkeypatch):
     X, y, _, _ = _regression()
     potential = SubsampledPotential.from_model(_model, (X, y))
     assert resolve_cluster_sizes(potential, (X, y), {}) == {"data": 1}  # 240 KB of data: random rows
-    monkeypatch.setattr(indices_module, "CLUSTER_MIN_DATA_BYTES", 0)  # as if the data were large
+    monkeypatch.setattr(policy_module, "CLUSTER_MIN_DATA_BYTES", 0)  # as if the data were large
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         chosen = resolve_cluster_sizes(potential, (X, y), {})["data"]

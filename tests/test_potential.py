@@ -9,7 +9,7 @@ import pytest
 from numpyro.infer.util import potential_energy
 
 from numpyro_sgd import SGLD, ConstantSGD, SubsampledPotential
-from numpyro_sgd.minibatch.indices import _permute
+from numpyro_sgd.minibatch.shuffle import _permute
 
 
 def _potential(problem):
@@ -103,7 +103,7 @@ def test_without_replacement_is_a_uniform_subset(n, s, quantile):
 def test_without_replacement_near_n_is_a_permutation_prefix():
     """S = N − 1: redrawing duplicates needed about N rounds per draw (18 s per draw at
     N = 10⁴ before); the permutation path gives S distinct indices in range."""
-    from numpyro_sgd.minibatch.indices import subset_without_replacement
+    from numpyro_sgd.minibatch.without_replacement import subset_without_replacement
 
     draw = jax.jit(lambda k: subset_without_replacement(k, 10_000, 9_999))
     for i in range(3):
@@ -263,7 +263,7 @@ def test_uniform_indices_law_and_exact_arithmetic():
     and plates (streams) of one key are not the same draw."""
     from scipy import stats
 
-    from numpyro_sgd.minibatch.indices import _mul_wide, uniform_indices
+    from numpyro_sgd.minibatch.with_replacement import _mul_wide, uniform_indices
 
     rng = np.random.default_rng(0)
     a, b = (rng.integers(0, 2**32, 2_000, dtype=np.uint64) for _ in range(2))
@@ -297,7 +297,7 @@ def test_minibatch_indices_are_computed_once_not_inside_the_gather():
     data pass at N = 10⁷, D = 50 was measured 2× slower. XLA's choice depends on the shapes and
     the consumers (at S = 100, D = 20, or where the gather feeds a reduction, it fuses the hash
     whatever the remainder), so the check is made at the measured shapes."""
-    from numpyro_sgd.minibatch.indices import _hashed_indices, uniform_indices
+    from numpyro_sgd.minibatch.with_replacement import _hashed_indices, uniform_indices
 
     n, s, d = 100_000, 10_000, 50  # the shapes measured (float32: the sizes decide XLA's fusion)
 

@@ -358,10 +358,10 @@ def test_large_in_memory_arrays_are_read_in_place_by_default(files, monkeypatch)
 
     # a Fortran-order matrix (pandas' to_numpy()) is read in place above the size where the law
     # reads clusters of rows (lowered here to 0), and from a copy in C order below it
-    from numpyro_sgd.minibatch import indices
+    from numpyro_sgd.minibatch import policy
 
-    for cluster_bytes in (0, indices.CLUSTER_MIN_DATA_BYTES):
-        monkeypatch.setattr(indices, "CLUSTER_MIN_DATA_BYTES", cluster_bytes)
+    for cluster_bytes in (0, policy.CLUSTER_MIN_DATA_BYTES):
+        monkeypatch.setattr(policy, "CLUSTER_MIN_DATA_BYTES", cluster_bytes)
         Xf = np.asfortranarray(X)
         fortran = ConstantSGD(model)
         draws = run(fortran, Xf, y.copy()).get_samples()["w"]

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import random
 
+from ..minibatch.law import law_of
 from ..numerics.linalg import cholesky, inv
 from ..numerics.noise import fisher_curvature, sampling_noise
 from ..numerics.preconditioners import psd_part, resolve_preconditioner
@@ -102,7 +103,7 @@ def with_default_steps(algorithm, potential, name, set_steps, warmup_options, su
     kind = resolve_preconditioner(coordinates, potential.dim)
     full = kind == "full" or (kind != "diag" and resolve_preconditioner("auto", potential.dim) == "full")
     in_basis = kind != "scalar"
-    without_replacement = subsample == "without_replacement"
+    law = law_of(subsample)
     warmup = noise_warmup(potential, full, name, **warmup_options)
 
     if control_variates:
@@ -120,10 +121,10 @@ def with_default_steps(algorithm, potential, name, set_steps, warmup_options, su
         summary = warmup.final(state.warmup, theta, oracle)
         summary = summary._replace(prior_curvature=psd_part(summary.prior_curvature))
         estimated = state.warmup.noise_state.count > 0
-        noise = jnp.where(estimated, sampling_noise(summary, potential.plates, without_replacement), jnp.nan)
+        noise = jnp.where(estimated, sampling_noise(summary, potential.plates, law.noise_factor), jnp.nan)
         curvature = jnp.where(estimated, fisher_curvature(summary, potential.plates), jnp.nan)
         if control_variates:
-            state, noise, curvature = _centre_and_noise(theta, state, oracle, full, without_replacement)
+            state, noise, curvature = _centre_and_noise(theta, state, oracle, full, law)
         if in_basis:
             basis = curvature_basis(curvature, kind == "full", potential.num_data)
             state = state._replace(basis=basis)
@@ -137,7 +138,7 @@ def with_default_steps(algorithm, potential, name, set_steps, warmup_options, su
         changes["start_block"] = _start_at_the_centre
     return algorithm._replace(sample_step=sample_step, **changes)
 
-def _centre_and_noise(theta, state, oracle, full, without_replacement):
+def _centre_and_noise(theta, state, oracle, full, law):
     """The end of warmup of a control-variate kernel: (state with ``control`` set, the
     control-variate gradient's noise Q_cv, the Hessian's positive part at the centre), both (D, D)
     with ``full`` else their diagonals (see :func:`with_default_steps`)."""
@@ -146,10 +147,8 @@ def _centre_and_noise(theta, state, oracle, full, without_replacement):
     # the posterior's scale at the centre (Laplace), where the noise and the non-linearity are measured
     scale = cholesky(inv(hessian)) if full else 1.0 / jnp.sqrt(jnp.diagonal(hessian))
     noise, nonlinearity = control_variate_noise(oracle, centre, scale, random.key(0), rows=curvature_rows(oracle))
-    if without_replacement:  # drawn without replacement within each of the k shards (one off a mesh)
-        (plate,) = oracle.plates
-        rows, per = plate.size // oracle.num_shards, plate.subsample_size // oracle.num_shards
-        noise = noise * ((rows - per) / max(rows - 1, 1))
+    (plate,) = oracle.plates  # the law's noise factor within each of the k shards (one off a mesh)
+    noise = noise * law.noise_factor(plate.size // oracle.num_shards, plate.subsample_size // oracle.num_shards)
     # the prior's force at the centre in posterior sds, |Lᵀ ∇U₀(θ̂)|: how far the data pushed the mode
     # against the prior along a direction the prior's curvature shares (control_variates.PRIOR_PULL_WARN)
     prior_grad = jax.grad(oracle.prior_potential)(centre.position)

@@ -88,7 +88,7 @@ def stream_in_memory(tree, copy_below):
     too, a row's elements one column at a time: with the cluster law's runs of rows, about 2.5×
     the time of C order per minibatch (0.42 against 0.17 ms at S = 10⁴, D = 50, clusters of 100
     rows), but the data are held once. Up to ``copy_below`` bytes (the kernel passes
-    ``indices.CLUSTER_MIN_DATA_BYTES``, below which the law reads random rows, each element then a
+    ``policy.CLUSTER_MIN_DATA_BYTES``, below which the law reads random rows, each element then a
     separate cache miss: 9× the time of C order) it is read from a copy in C order instead."""
     wrapped = []
     lengths = {x.shape[0] for x in jax.tree.leaves(tree) if _in_memory_rows(x) or _streams_by_default(x, ())}

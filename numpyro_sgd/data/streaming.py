@@ -9,7 +9,7 @@ unchanged: under the subsample plate it indexes ``X[idx]``, and that index becom
 minibatch's rows into the compiled step: on the CPU, for a NumPy source (memmap or in-memory),
 one XLA custom call per array (:mod:`~numpyro_sgd.data.native`, no Python on the way); otherwise one
 host callback (:func:`jax.pure_callback`) for the plate's arrays. With the cluster law
-(:func:`~numpyro_sgd.minibatch.indices.cluster_indices`) those rows are a few runs of consecutive rows,
+(:func:`~numpyro_sgd.minibatch.with_replacement.cluster_indices`) those rows are a few runs of consecutive rows,
 which is what a page cache or a disk serves fastest. The full-data passes (the data check at
 init, the control-variate centre, ``loo_subsample`` and the log-likelihood in blocks) index the
 same way, block by block, so no program ever holds all N rows: memory is O(minibatch) on the

@@ -472,7 +472,7 @@ def loo_subsample(run, samples=None, *, num_observations=400, observations=None,
         if num_observations == n:
             obs = np.arange(n)
         else:
-            from ..minibatch.indices import subset_without_replacement
+            from ..minibatch.without_replacement import subset_without_replacement
 
             obs = np.sort(np.asarray(subset_without_replacement(key, n, int(num_observations))))
     m = obs.shape[0]

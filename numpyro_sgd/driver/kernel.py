@@ -33,8 +33,9 @@ from ..data.model_args import (
     streams_in_memory,
 )
 from ..data.streaming import check_memmaps
-from ..minibatch import indices
-from ..minibatch.indices import MIN_STEPS_PER_PASS, resolve_cluster_sizes
+from ..minibatch import policy
+from ..minibatch.law import check_laws, law_of
+from ..minibatch.policy import MIN_STEPS_PER_PASS, resolve_cluster_sizes
 from ..model.discovery import AllRows, checked_run, index_probe
 from ..model.oracle import MinibatchOracle
 from ..model.potential import SubsampledPotential
@@ -88,10 +89,12 @@ class SGKernel(MCMCKernel):
         if not callable(model):
             raise TypeError(f"{name}: `model` must be a NumPyro model (a callable), got {type(model).__name__}.")
         self._model = model
+        subsample, warmup_subsample = check_laws(name, subsample, warmup_subsample)
         self._driver = driver_options(
             name, self.supports_mesh, self.supports_clusters, steps_per_sample=steps_per_sample, subsample=subsample,
             warmup_subsample=warmup_subsample, init_strategy=init_strategy, subsample_size=subsample_size,
-            warmup_passes=warmup_passes, mesh=mesh, mesh_axis=mesh_axis, cluster_size=cluster_size)
+            warmup_passes=warmup_passes, mesh=mesh, mesh_axis=mesh_axis, cluster_size=cluster_size,
+            law_clusters=law_of(subsample).clusters)
         self._steps_per_sample = self._driver.steps_per_sample or 1  # resolved when the model is traced
         self._warmup_steps_per_iteration = self._steps_per_sample
         self._per_data = {}  # what was found in the data: {what: (key, arrays kept alive, value)}
@@ -258,7 +261,7 @@ class SGKernel(MCMCKernel):
             kernel_name=type(self).__name__, subsample_size=self._driver.subsample_size,
             min_steps_per_pass=self.min_steps_per_pass,
         )
-        if self.supports_clusters and self._driver.subsample == "with_replacement":
+        if self.supports_clusters and law_of(self._driver.subsample).clusters:
             # the minibatch law, decided once per data (arrays by identity) and plates; with mesh=
             # each device draws its S/k rows as clusters among its own N/k
             # (a mesh without the axis is refused by check_mesh, with its own message, later)
@@ -325,7 +328,7 @@ class SGKernel(MCMCKernel):
             num_warmup = int(num_warmup)
         self._in_memory = streams_in_memory(self._driver.mesh, rng_key, calling_mcmc())
         algorithm, (model_args, model_kwargs) = setup_with_streams(
-            (model_args, model_kwargs), self._in_memory, indices.CLUSTER_MIN_DATA_BYTES,
+            (model_args, model_kwargs), self._in_memory, policy.CLUSTER_MIN_DATA_BYTES,
             lambda args, kwargs: self._setup(rng_key[0] if vectorized else rng_key, args, kwargs))
         if not is_tracer((model_args, model_kwargs)):  # not under pmap (chain_method="parallel")
             self._run_args = (model_args, model_kwargs)

@@ -21,6 +21,7 @@ from jax import random
 from ..adaptation.noise_warmup import WarmupState, noise_warmup, pop_warmup_options, warmup_step_of
 from ..adaptation.relaxation import predicted_relaxation
 from ..driver.kernel import SGKernel
+from ..minibatch.law import law_of
 from ..numerics.noise import discrete_time_correction as correction_factor
 from ..numerics.noise import effective_curvature, fisher_curvature
 from ..numerics.preconditioners import (
@@ -104,7 +105,7 @@ def constant_sgd(potential, *, preconditioner="auto", step_size=None, momentum=1
     """
     preconditioner = resolve_preconditioner(preconditioner, potential.dim)
     full = preconditioner == "full"
-    without_replacement = subsample == "without_replacement"
+    noise_factor = law_of(subsample).noise_factor  # f of Cov ξ = f Q (minibatch.law)
     # the KL-optimal chain forgets its start in about one data pass when the model is well
     # specified; with the full P its own relaxation time is measured at the end of warmup, from
     # the Hessian the warmup's Newton check took (or, without that check, one taken there)
@@ -131,8 +132,8 @@ def constant_sgd(potential, *, preconditioner="auto", step_size=None, momentum=1
         noise = summary.noise
         # exact discrete-time optimum P = 2 (f Q + A)⁻¹ (see the class notes) or Mandt's 2 Q⁻¹
         if discrete_time_correction:
-            c = correction_factor(summary.plate_noise, potential.plates, without_replacement)
-            effective = effective_curvature(summary, potential.plates, without_replacement)
+            c = correction_factor(summary.plate_noise, potential.plates, noise_factor)
+            effective = effective_curvature(summary, potential.plates, noise_factor)
         else:
             c, effective = jnp.asarray(2.0, noise.dtype), noise
         injection = state.injection

@@ -35,6 +35,7 @@ from ..adaptation.default_steps import (
 )
 from ..adaptation.noise_warmup import pop_warmup_options
 from ..driver.kernel import SGKernel
+from ..minibatch.law import law_of
 from ..numerics.diffusions import underdamped_langevin_matrix_friction
 from ..numerics.index_chain import (
     X_ESTIMATES,
@@ -75,9 +76,9 @@ class _IndexChainKernel(SGKernel):
             "sampler)"))
         if not isinstance(x_estimate, str) or x_estimate not in allowed_x:
             raise ValueError(f"{name}: x_estimate must be one of {allowed_x}, got {x_estimate!r}.")
-        if num_index_steps > 0 and self._driver.warmup_subsample == "shuffle":
+        if num_index_steps > 0 and law_of(self._driver.warmup_subsample).needs_step:
             raise ValueError(
-                f"{name}: warmup_subsample='shuffle' gives every proposal of the index chain the same minibatch "
+                f"{name}: warmup_subsample={self._driver.warmup_subsample!r} gives every proposal of the index chain the same minibatch "
                 "(the shuffled minibatch depends only on the step); use 'with_replacement' or 'without_replacement'."
             )
         self._options = dict(step_size=None if step_size is None else float(step_size),

@@ -23,6 +23,7 @@ from numpyro.util import find_stack_level
 
 from ..adaptation.noise_warmup import WarmupState, noise_warmup, pop_warmup_options, warmup_step_of
 from ..driver.kernel import SGKernel
+from ..minibatch.law import law_of
 from ..numerics.linalg import cho_solve, eigvalsh
 from ..numerics.noise import fisher_curvature
 from ..numerics.preconditioners import apply_preconditioner, regularized_cholesky, resolve_preconditioner
@@ -406,8 +407,6 @@ class IASG(SGKernel):
         potential = self.potential
         hessian = potential.full_hessian(one.z if at is None else at, model_args, model_kwargs)
         noise = np.asarray(ks.noise_cov)
-        if self._driver.subsample == "without_replacement":  # Cov ξ = f Q, f = (N − S)/(N − 1)
-            n, s = potential.num_data, potential.batch_size
-            noise = noise * (n - s) / max(n - 1, 1)
+        noise = noise * law_of(self._driver.subsample).noise_factor(potential.num_data, potential.batch_size)
         return iterate_average_covariance(np.asarray(ks.preconditioner), hessian, noise, self.steps_per_sample,
                                           discrete=discrete)

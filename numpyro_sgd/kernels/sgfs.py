@@ -27,6 +27,7 @@ from ..adaptation.noise_warmup import (
     warmup_step_of,
 )
 from ..driver.kernel import SGKernel
+from ..minibatch.law import law_of
 from ..numerics.noise import NoiseState, discrete_time_correction, effective_curvature
 from ..numerics.preconditioners import psd_part, resolve_preconditioner, sgfs_direction, sgfs_preconditioner
 from ..protocol import SampleBlock, SGAlgorithm, StepInfo, pick_chain
@@ -81,7 +82,7 @@ def sgfs(potential, *, preconditioner="auto", step_size=1.0, max_step=None, refr
     full = preconditioner == "full"
     refresh_every = (10 if full else 1) if refresh_every is None else refresh_every
     warmup = noise_warmup(potential, full, name, **warmup_options)
-    without_replacement = subsample == "without_replacement"
+    noise_factor = law_of(subsample).noise_factor  # f of Cov ξ = f Q (minibatch.law)
     cap = jnp.inf if max_step is None else step_size * max_step / potential.num_data
 
     def init(rng_key, theta, num_warmup_steps):
@@ -113,8 +114,8 @@ def sgfs(potential, *, preconditioner="auto", step_size=1.0, max_step=None, refr
         # a = 2 / c with c the discrete-time correction of ConstantSGD: Ahn's γ S/N = 1 + S/N;
         # M = a Q + ∇²U_prior + Ξ: the exact discrete-time optimum 2 (total noise + A)⁻¹ with
         # A ≈ (S/N) Q + ∇²U_prior (see ConstantSGD's note on the discrete-time correction)
-        c = discrete_time_correction(summary.plate_noise, potential.plates, without_replacement)
-        curvature = effective_curvature(summary, potential.plates, without_replacement)
+        c = discrete_time_correction(summary.plate_noise, potential.plates, noise_factor)
+        curvature = effective_curvature(summary, potential.plates, noise_factor)
         noise, factor, injected = factorize(state, summary.noise, curvature)
         return state._replace(noise_cov=noise, factor=factor, injected=injected,
                               ratio=jnp.asarray(2.0 / c, state.ratio.dtype), prior_curvature=summary.prior_curvature)

@@ -35,7 +35,7 @@ class PlateInfo(NamedTuple):
     #: minibatch size S
     subsample_size: int
     #: B: minibatches are S/B clusters of B consecutive rows
-    #: (:func:`~numpyro_sgd.minibatch.indices.cluster_indices`); 1: random rows
+    #: (:func:`~numpyro_sgd.minibatch.with_replacement.cluster_indices`); 1: random rows
     cluster_size: int = 1
 
 

@@ -35,14 +35,8 @@ from numpyro.infer.util import constrain_fn, potential_energy
 
 from ..data.model_args import as_jax_args, split_arrays
 from ..data.streaming import one_read_per_plate
-from ..minibatch.indices import (
-    MIN_STEPS_PER_PASS,
-    choose_subsample_size,
-    cluster_indices,
-    shuffled_position,
-    subset_without_replacement,
-    uniform_indices,
-)
+from ..minibatch.law import law_of
+from ..minibatch.policy import MIN_STEPS_PER_PASS, choose_subsample_size
 from ..validation import check_model_args
 from .discovery import (
     FlatView,
@@ -131,7 +125,7 @@ class SubsampledPotential:
 
     def with_cluster_sizes(self, sizes):
         """The same potential whose plates draw clusters of ``sizes[plate name]`` consecutive rows
-        (:func:`~numpyro_sgd.minibatch.indices.cluster_indices`; a plate not named keeps its cluster size)."""
+        (:func:`~numpyro_sgd.minibatch.with_replacement.cluster_indices`; a plate not named keeps its cluster size)."""
         plates = tuple(p._replace(cluster_size=int(sizes.get(p.name, p.cluster_size))) for p in self.plates)
         return self._replace(plates=plates)
 
@@ -189,7 +183,7 @@ class SubsampledPotential:
         minibatch size the model declares; NumPyro's plate then scales by N/S of the indices the
         kernel substitutes, so the potential stays unbiased. ``"auto"``, or None for a model none
         of whose plates subsamples, gives each plate
-        :func:`~numpyro_sgd.minibatch.indices.choose_subsample_size` of its N
+        :func:`~numpyro_sgd.minibatch.policy.choose_subsample_size` of its N
         (``min_steps_per_pass``: the kernel's fewest SG steps per data pass).
         """
         model_kwargs = {} if model_kwargs is None else model_kwargs
@@ -347,11 +341,12 @@ class SubsampledPotential:
 
     # ------------------------------------------------------------------ indices
     def draw_indices(self, rng_key, method="with_replacement", step=None, shuffle_key=None):
-        """Minibatch indices ``{plate: int32[S]}`` in O(S) per plate.
+        """Minibatch indices ``{plate: int32[S]}`` in O(S) per plate, drawn by the minibatch law
+        ``method`` (:mod:`numpyro_sgd.minibatch.law`):
 
-        ``"with_replacement"`` draws S i.i.d. uniform indices (:func:`~numpyro_sgd.minibatch.indices.uniform_indices`),
+        ``"with_replacement"`` draws S i.i.d. uniform indices (:func:`~numpyro_sgd.minibatch.with_replacement.uniform_indices`),
         or, for a plate with ``cluster_size`` B > 1, S/B i.i.d. uniform clusters of B consecutive
-        rows (:func:`~numpyro_sgd.minibatch.indices.cluster_indices`).
+        rows (:func:`~numpyro_sgd.minibatch.with_replacement.cluster_indices`).
         ``"without_replacement"`` draws S i.i.d. indices and redraws the duplicates until
         there are none (expected S²/(2N) redraws); the law of the set is invariant under
         permutations of the data, so it is the uniform law over S-subsets.
@@ -359,26 +354,7 @@ class SubsampledPotential:
         permutation of the data that changes every epoch (a keyed Feistel permutation with
         cycle walking, evaluated only at the S positions: no O(N) permutation is stored).
         """
-        if method == "with_replacement":  # one stream per plate of the step's key (uniform_indices)
-            return {p.name: uniform_indices(rng_key, p.subsample_size, p.size, stream=j) if p.cluster_size == 1
-                    else cluster_indices(rng_key, p.subsample_size, p.size, p.cluster_size, stream=j)
-                    for j, p in enumerate(self.plates)}
-        keys = random.split(rng_key, len(self.plates))
-        out = {}
-        for j, (key, p) in enumerate(zip(keys, self.plates)):
-            if method == "without_replacement":
-                out[p.name] = subset_without_replacement(key, p.size, p.subsample_size)
-            elif method == "shuffle":
-                if step is None or shuffle_key is None:
-                    raise ValueError("draw_indices: 'shuffle' needs the step and a shuffle_key")
-                pos = step * p.subsample_size + jnp.arange(p.subsample_size)
-                plate_key = random.fold_in(shuffle_key, j)
-                out[p.name] = jax.vmap(shuffled_position, (None, 0, 0, None))(
-                    plate_key, pos // p.size, pos % p.size, p.size
-                )
-            else:
-                raise ValueError(f"draw_indices: unknown method {method!r}")
-        return out
+        return law_of(method).draw(rng_key, self.plates, step, shuffle_key)
 
     # ------------------------------------------------------------------ potentials
     def _with_params(self, params=None):

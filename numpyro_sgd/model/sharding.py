@@ -33,7 +33,7 @@ from numpyro.primitives import Messenger
 
 from ..data.model_args import split_arrays
 from ..data.streaming import blocks_of
-from ..minibatch.indices import cluster_indices, subset_without_replacement, uniform_indices
+from ..minibatch.law import law_names, law_of
 from .oracle import MinibatchOracle
 
 __all__ = ["DataParallelOracle", "check_mesh", "refuse_parallel_chains"]
@@ -73,9 +73,11 @@ def check_mesh(name, mesh, axis, potential, subsample, warmup_subsample):
             f"{name}: with mesh= over {k} devices, plate '{plate.name}' needs N = {plate.size} and S = "
             f"{plate.subsample_size} divisible by {k} (each device holds N/{k} rows and draws S/{k} of them); "
             f"trim or pad the data and choose subsample_size a multiple of {k}.")
-    if "shuffle" in (subsample, warmup_subsample):
-        raise ValueError(f"{name}: warmup_subsample='shuffle' is not supported with mesh=; use "
-                         "'with_replacement' or 'without_replacement'.")
+    for option, law in (("subsample", subsample), ("warmup_subsample", warmup_subsample)):
+        if not law_of(law).on_mesh:
+            usable = [n for n in law_names() if law_of(n).on_mesh]
+            raise ValueError(f"{name}: {option}={law!r} is not supported with mesh=; use "
+                             f"{' or '.join(map(repr, usable))} (each device draws its rows among its own).")
 
 
 class DataParallelOracle(MinibatchOracle):
@@ -133,13 +135,8 @@ class DataParallelOracle(MinibatchOracle):
         """S/k indices per shard, uniform among the shard's N/k rows (or S/(k·B) clusters of B
         consecutive rows of the shard, wrapping within it), as global row numbers."""
         k, rows, per = self.shards, self.plate.size // self.shards, self.plate.subsample_size // self.shards
-        keys = random.split(rng_key, k)
-        if self.method == "without_replacement":
-            local = jax.vmap(lambda key: subset_without_replacement(key, rows, per))(keys)
-        elif self.plate.cluster_size > 1:  # per/B clusters of B consecutive rows of the shard
-            local = jax.vmap(lambda key: cluster_indices(key, per, rows, self.plate.cluster_size))(keys)
-        else:
-            local = jax.vmap(lambda key: uniform_indices(key, per, rows))(keys)
+        keys, law = random.split(rng_key, k), law_of(self.method)
+        local = jax.vmap(lambda key: law.draw_shard(key, rows, per, self.plate.cluster_size))(keys)
         idx = (local + rows * jnp.arange(k, dtype=local.dtype)[:, None]).reshape(-1)
         return {self.plate.name: idx}
 

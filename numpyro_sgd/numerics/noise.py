@@ -61,7 +61,7 @@ def _outer(a, b, full):
 
 def cluster_rows(per_example_grads, cluster_size):
     """The S × D per-example gradients of a minibatch of S/B clusters of B consecutive rows
-    (:func:`~numpyro_sgd.minibatch.indices.cluster_indices`) as S/B rows u_k = Σ_{i∈k} g_i / √B.
+    (:func:`~numpyro_sgd.minibatch.with_replacement.cluster_indices`) as S/B rows u_k = Σ_{i∈k} g_i / √B.
 
     Under the cluster law the minibatch gradient is (1/S) Σ_k √B u_k (times N/S's scale), so
     its noise covariance is Cov[u]/S: the covariance of these rows is what the estimators
@@ -145,12 +145,13 @@ def _trace(q):
     return jnp.trace(q) if q.ndim == 2 else jnp.sum(q)
 
 
-def discrete_time_correction(plate_noise, plates, without_replacement=False):
+def discrete_time_correction(plate_noise, plates, noise_factor=None):
     """The factor c that replaces 2 in H* so that the *discrete-time* chain is exact.
 
     For θ ← θ − c Q⁻¹ ∇Û_S on a Gaussian posterior whose Hessian equals its Fisher
     (A_U = (S/N) Q), the stationary covariance is c² f Q⁻¹ / (2c S/N − c² S²/N²), with f the
-    minibatch noise factor (1 with replacement, (N − S)/(N − 1) without). It equals the
+    minibatch noise factor of the minibatch law, ``noise_factor(N, S)`` (1 with replacement, the
+    default None; (N − S)/(N − 1) without, :mod:`numpyro_sgd.minibatch.law`). It equals the
     posterior A_U⁻¹ iff c = 2 / (f + S/N) (measured: 2N/(N + S) with
     replacement; ≈ 2 without). With several plates, S/N and f are averaged with weights
     Tr(Q_p)/Tr(Q).
@@ -158,14 +159,11 @@ def discrete_time_correction(plate_noise, plates, without_replacement=False):
     traces = jnp.stack([_trace(q) for q in plate_noise])
     w = traces / jnp.sum(traces)
     ratio = jnp.array([p.subsample_size / p.size for p in plates])
-    if without_replacement:
-        f = jnp.array([(p.size - p.subsample_size) / max(p.size - 1, 1) for p in plates])
-    else:
-        f = jnp.ones(len(plates))
+    f = jnp.array([1.0 if noise_factor is None else noise_factor(p.size, p.subsample_size) for p in plates])
     return 2.0 / (jnp.sum(w * f) + jnp.sum(w * ratio))
 
 
-def effective_curvature(summary, plates, without_replacement=False, ratio=None):
+def effective_curvature(summary, plates, noise_factor=None, ratio=None):
     """Q_eff = (f + S/N) Q + Λ: what the exact discrete-time optimum P = 2 Q_eff⁻¹ inverts.
 
     For θ ← θ − P(A(θ − θ*) + ξ), Cov ξ = f Q, the stationary covariance is A⁻¹ iff
@@ -178,7 +176,7 @@ def effective_curvature(summary, plates, without_replacement=False, ratio=None):
         moves); None: 2/c from Q's plate weights.
     """
     if ratio is None:
-        ratio = 2.0 / discrete_time_correction(summary.plate_noise, plates, without_replacement)
+        ratio = 2.0 / discrete_time_correction(summary.plate_noise, plates, noise_factor)
     return ratio * summary.noise + summary.prior_curvature
 
 
@@ -189,11 +187,11 @@ def fisher_curvature(summary, plates):
     return fisher + summary.prior_curvature
 
 
-def sampling_noise(summary, plates, without_replacement=False):
-    """f Q = Σ_p f_p Q_p: the covariance of the sampling-phase minibatch gradient, f_p = 1 with
-    replacement and (N_p − S_p)/(N_p − 1) without (see :func:`discrete_time_correction`)."""
-    if not without_replacement:
+def sampling_noise(summary, plates, noise_factor=None):
+    """f Q = Σ_p f_p Q_p: the covariance of the sampling-phase minibatch gradient, f_p =
+    ``noise_factor(N_p, S_p)`` of the minibatch law (None: 1, see :func:`discrete_time_correction`)."""
+    if noise_factor is None:
         return summary.noise
-    return sum(q * ((p.size - p.subsample_size) / max(p.size - 1, 1)) for q, p in zip(summary.plate_noise, plates))
+    return sum(q * noise_factor(p.size, p.subsample_size) for q, p in zip(summary.plate_noise, plates))
 
 

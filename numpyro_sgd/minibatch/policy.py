@@ -1,8 +1,5 @@
-"""Minibatch indices: the counter-based hash draws of random rows and of clusters of
-consecutive rows, draws without replacement, the epoch shuffle, and the policy that picks the
-minibatch law (S and the cluster size B) from the data.
-
-One file for how rows are drawn: a new minibatch law is added here.
+"""The policy that picks a plate's minibatch from the data when the user leaves it to the
+kernel: the size S (``subsample_size="auto"``) and the cluster size B of the default law.
 """
 
 from __future__ import annotations
@@ -10,81 +7,13 @@ from __future__ import annotations
 import warnings
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from jax import lax, random
 
 from ..data.model_args import is_tracer, split_arrays
 from ..data.streaming import StreamedRows, streamed_sources
 
-_GOLDEN = 0x9E3779B9  # ⌊2³² / φ⌋: spreads consecutive counters over the 32-bit words
-
-
-def _fmix32(x):
-    """MurmurHash3's 32-bit finaliser: a bijection of uint32 in which every input bit flips each
-    output bit with probability close to ½ (two xor-shift-multiply rounds)."""
-    x = x ^ (x >> 16)
-    x = x * jnp.uint32(0x85EBCA6B)
-    x = x ^ (x >> 13)
-    x = x * jnp.uint32(0xC2B2AE35)
-    return x ^ (x >> 16)
-
-
-def _mul_wide(a, b):
-    """(high, low) 32-bit words of the 64-bit product a·b of uint32 arrays (16-bit limbs)."""
-    mask = jnp.uint32(0xFFFF)
-    a0, a1, b0, b1 = a & mask, a >> 16, b & mask, b >> 16
-    p00, p01, p10, p11 = a0 * b0, a0 * b1, a1 * b0, a1 * b1
-    mid = (p00 >> 16) + (p01 & mask) + (p10 & mask)
-    return p11 + (p01 >> 16) + (p10 >> 16) + (mid >> 16), (p00 & mask) | (mid << 16)
-
-
-def uniform_indices(rng_key, size, n, stream=0):
-    """``size`` i.i.d. uniform integers in [0, n) (int32), for minibatch rows.
-
-    Counter-based: word c of the stream is h(c) = fmix32(fmix32(c·φ + k₀ + stream·φ²) ⊕ k₁) with
-    (k₀, k₁) the key's first and last 32-bit words, and index j is ⌊(h(2j)·2³² + h(2j+1))·n / 2⁶⁴⌋,
-    whose law differs from the uniform one by at most n/2⁶⁴ per value (as ``random.randint``'s
-    two-word draw). The key is not hashed again: a step's key is already a fresh threefry output
-    (the driver splits the chain key once per step), so a draw costs two cheap hashes per index
-    instead of threefry's twenty rounds, and it compiles to a few fused elementwise ops.
-
-    The result is reduced modulo n once more, by an n that XLA cannot see as a constant. The
-    value is unchanged (it is already below n), but XLA treats an integer remainder by a
-    non-constant as expensive, so it computes the indices once. Otherwise it fuses the whole
-    hash into each gather that reads rows with them, and recomputes it for every gathered
-    element. In a hand-written loop at N = 10⁷, D = 50, S = 10⁴, a data pass took 4.1–5.4 s with
-    the hash fused into the gathers, 2.2 s without, and 2.8 s with ``random.randint``. (XLA's
-    choice depends on the shapes and on what reads the rows: where it fuses the gather into a
-    reduction, or at small S and D, the hash stays fused; the values are the same either way.)
-    """
-    index = _hashed_indices(rng_key, size, n, stream)
-    return (index % lax.optimization_barrier(jnp.uint32(n))).astype(jnp.int32)
-
-
-def cluster_indices(rng_key, size, n, cluster_size, stream=0):
-    """``size`` minibatch rows as ``size // cluster_size`` clusters of B = ``cluster_size``
-    consecutive rows (int32; ``size`` must be a multiple of B).
-
-    The law (*circular clusters*): K = S/B starts c_1..c_K i.i.d. uniform on [0, N)
-    (:func:`~numpyro_sgd.minibatch.indices.uniform_indices`), cluster k the rows c_k, c_k + 1, ...,
-    c_k + B − 1 taken modulo N. Every row lies in exactly B of the N possible clusters, so each
-    row is drawn with probability B/N per cluster whatever the order of the data, and the
-    minibatch gradient (N/S) Σ_k Σ_{i∈k} ∇ℓ_i is unbiased for ∇U. Its noise covariance is
-    (N²/S) C_B with C_B = Cov_k[Σ_{i∈k} ∇ℓ_i] / B, the covariance of a cluster's gradient sum per
-    row; on rows in random order C_B = C (the per-row covariance) up to a relative
-    O(√(D·B/N)), and the noise estimators of :mod:`numpyro_sgd.numerics.noise` estimate C_B itself from the
-    cluster sums. The rows of a cluster are read as one contiguous block of memory: on a
-    2-core CPU at N = 10⁷, D = 50, S = 10⁴ a hand-written data pass costs 1.5–2× one NumPy read
-    of X with B = 125–250, against 10–14× with random rows (``benchmarks/index_draws.py``).
-
-    The indices pass through ``lax.optimization_barrier``: otherwise XLA fuses the arithmetic
-    into every gather that reads rows with them and recomputes it per element (measured 20 %
-    slower at B = 32).
-    """
-    starts = uniform_indices(rng_key, size // cluster_size, n, stream)
-    rows = (starts[:, None] + jnp.arange(cluster_size, dtype=jnp.int32)) % jnp.int32(n)
-    return lax.optimization_barrier(rows.reshape(-1))
+__all__ = ["MAX_AUTO_SUBSAMPLE", "MIN_STEPS_PER_PASS", "choose_subsample_size", "choose_cluster_size",
+           "order_design_effect", "resolve_cluster_sizes"]
 
 
 #: the largest minibatch :func:`choose_subsample_size` picks, by JAX backend: on a CPU a data pass
@@ -242,73 +171,3 @@ def resolve_cluster_sizes(potential, model_args, model_kwargs, requested=None, k
                     b = 1
         sizes[p.name] = int(b)
     return sizes
-
-
-def _hashed_indices(rng_key, size, n, stream):
-    """:func:`~numpyro_sgd.minibatch.indices.uniform_indices` as uint32, without the last remainder."""
-    words = random.key_data(rng_key).reshape(-1).astype(jnp.uint32)
-    k0 = words[0] + jnp.uint32(stream) * jnp.uint32(0x3C6EF372)  # stream·φ² (mod 2³²)
-    k1 = words[-1]
-    counter = jnp.arange(2 * size, dtype=jnp.uint32)
-    h = _fmix32(_fmix32(counter * jnp.uint32(_GOLDEN) + k0) ^ k1).reshape(size, 2)
-    hi, lo = h[:, 0], h[:, 1]
-    n = jnp.uint32(n)
-    a_hi, a_lo = _mul_wide(hi, n)
-    b_hi, _ = _mul_wide(lo, n)
-    total = a_lo + b_hi
-    return a_hi + (total < a_lo).astype(jnp.uint32)
-
-
-def subset_without_replacement(rng_key, size, subsample_size):
-    """A uniformly random ``subsample_size``-subset of ``range(size)`` (sorted) in O(S log S).
-
-    Duplicates of S i.i.d. draws are redrawn until there are none (about S²/(2N) redraws). For
-    S > N/8 the redraw rounds grow (about N/(N − S) of them as S nears N), so the first S of a
-    uniformly random permutation (``jax.random.permutation``, O(N log N) = O(S log N)) are taken.
-    """
-    if 8 * subsample_size > size:
-        return jnp.sort(random.permutation(rng_key, size)[:subsample_size]).astype(jnp.int32)
-    key, sub = random.split(rng_key)
-    idx = jnp.sort(random.randint(sub, (subsample_size,), 0, size))
-
-    def duplicated(i):
-        return jnp.concatenate([jnp.zeros(1, bool), i[1:] == i[:-1]])
-
-    def cond(carry):
-        return jnp.any(duplicated(carry[1]))
-
-    def body(carry):
-        key, i = carry
-        key, sub = random.split(key)
-        fresh = random.randint(sub, i.shape, 0, size)
-        return key, jnp.sort(jnp.where(duplicated(i), fresh, i))
-
-    return jax.lax.while_loop(cond, body, (key, idx))[1]
-
-
-def shuffled_position(plate_key, epoch, rank, size):
-    """The datum at position ``rank`` of epoch ``epoch``'s permutation."""
-    return _permute(random.fold_in(plate_key, epoch), rank, size)
-
-
-def _permute(key, x, n):
-    """Image of ``x`` under a keyed pseudo-random permutation of ``range(n)``.
-
-    A 4-round balanced Feistel network on 2h bits (2^(2h) < 4n) is a permutation of
-    ``range(2^(2h))``; re-applying it while the value is ≥ n (cycle walking) restricts it to a
-    permutation of ``range(n)``. Expected < 4 rounds of walking.
-    """
-    half = max(1, (max(int(n - 1).bit_length(), 1) + 1) // 2)
-    mask = jnp.uint32((1 << half) - 1)
-    round_keys = random.split(key, 4)
-
-    def encrypt(v):
-        left, right = v >> half, v & mask
-        for r in range(4):
-            f = random.bits(random.fold_in(round_keys[r], right), dtype=jnp.uint32) & mask
-            left, right = right, left ^ f
-        return (left << half) | right
-
-    v = encrypt(jnp.asarray(x, jnp.uint32))
-    v = jax.lax.while_loop(lambda v: v >= n, encrypt, v)
-    return v.astype(jnp.int32)
