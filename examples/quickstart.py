@@ -29,6 +29,7 @@ import os
 import sys
 import textwrap
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -102,6 +103,9 @@ def main(argv=None):
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "output", "quickstart"))
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    # the kernels' warnings are sentences: wrap them to the console's 100 columns
+    warnings.formatwarning = lambda message, category, *rest, **kw: textwrap.fill(
+        f"{category.__name__}: {message}", 100, subsequent_indent="    ") + "\n"
     os.makedirs(args.out, exist_ok=True)
 
     X, y = load_table(args.data, args.target) if args.data else simulate(args.n)
@@ -204,7 +208,10 @@ def main(argv=None):
             return reasons["IASG"]
         if any(k in name for k in ("scalar", "diag", "sqrt")):
             return reasons["scalar"]
-        return reasons["Langevin"] if name in ("SGLD", "pSGLD", "SGHMC", "EWSG", "Santa", "SGLD-CV") else "see the docs"
+        if name in ("SGLD", "pSGLD", "SGHMC", "EWSG", "Santa", "SGLD-CV"):
+            return reasons["Langevin"]
+        return ("the Monte Carlo error of this ESS: about 1/sqrt(ESS) posterior sd in a mean and 1/sqrt(2 ESS) "
+                "in an sd; a longer run (--num-samples) shrinks it")
 
     off = (table["max_mean_err_sd"] > MEAN_TOL) | (table["max_sd_rel_err"] > SD_TOL)
     table["note"] = [reason(name) if bad else "" for name, bad in zip(table.index, off)]
