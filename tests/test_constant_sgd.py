@@ -303,6 +303,18 @@ def test_progress_text_during_warmup_says_so(small_linreg):
     assert "warmup: estimating ε" in text and "nan" not in text
 
 
+def test_progress_text_of_the_skipped_warmup_iterations_says_why(small_linreg):
+    """Warmup runs inside ``init`` with a bar of its own; NumPyro's loop then counts the same
+    warmup iterations again, as idle ones: its bar says they skip a warmup that already ran, so
+    that warmup does not look as if it ran twice."""
+    from numpyro_sgd.driver.progress import SKIPPED_WARMUP
+
+    k = ConstantSGD(small_linreg.model)
+    state = k.init(jax.random.key(0), 30, None, small_linreg.args, {})
+    assert int(state.idle_iterations) > 0
+    assert f"{k.get_diagnostics_str(state)}" == SKIPPED_WARMUP
+
+
 def _heteroscedastic_regression(n=1_000, seed=3):
     """y = x·w + e with Var e = 5 x₁²/3, fitted with σ = 1 known: still a conjugate posterior
     (exact), but misspecified, so the per-datum gradient covariance E[x xᵀ Var e] = diag(5, 5/3)

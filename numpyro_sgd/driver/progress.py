@@ -8,7 +8,8 @@ import sys
 
 import numpy as np
 
-__all__ = ["calling_mcmc", "calling_mcmc_shows_progress", "ProgressText", "progress_text", "run_with_progress"]
+__all__ = ["calling_mcmc", "calling_mcmc_shows_progress", "ProgressText", "progress_text", "run_with_progress",
+           "SKIPPED_WARMUP"]
 
 
 def calling_mcmc(max_frames=12):
@@ -66,17 +67,25 @@ class ProgressText(str):
         return True
 
 
+#: the progress-bar text while NumPyro's loop runs the warmup iterations that the kernel already
+#: ran as a program of its own (with a bar of its own, above NumPyro's)
+SKIPPED_WARMUP = "warmup ran above, in its own program: these iterations skip it"
+
+
 def progress_text(state, describe):
-    """Progress-bar text for one chain's ``state`` (``""`` for vectorized chains), rendered only when
-    the bar is drawn: NumPyro hands the bar a new text after every returned sample, and reading the
-    state forces a device sync that would stall the dispatch of every sample; a
-    :class:`ProgressText` reads it when tqdm draws the bar (at most every 0.1 s, and once more when
-    the bar closes), so the final line shows the final state. ``describe``: the algorithm's
-    ``describe`` (or None), text about its kernel state."""
-    if np.ndim(state.i) > 0:
-        return ""
+    """Progress-bar text for ``state``, rendered only when the bar is drawn: NumPyro hands the bar
+    a new text after every returned sample, and reading the state forces a device sync that would
+    stall the dispatch of every sample; a :class:`ProgressText` reads it when tqdm draws the bar (at
+    most every 0.1 s, and once more when the bar closes), so the final line shows the final state.
+    ``describe``: the algorithm's ``describe`` (or None), text about its kernel state (one chain's;
+    with vectorized chains the passes per chain only)."""
+    vectorized = np.ndim(state.i) > 0
 
     def render():
+        if int(np.max(getattr(state, "idle_iterations", 0))) > 0:
+            return SKIPPED_WARMUP
+        if vectorized:
+            return f"{float(np.mean(state.data_passes)):.3g} passes per chain"
         text = f"{float(state.data_passes):.3g} passes, {int(state.num_divergences)} divergences"
         extra = describe(state.kernel_state) if describe is not None else ""
         return f"{text}, {extra}" if extra else text
@@ -90,7 +99,7 @@ def run_with_progress(program, state, num_warmup, arrays, text, calls=20):
     from tqdm.auto import tqdm
 
     size = -(-num_warmup // calls)
-    with tqdm(total=num_warmup, desc="warmup", dynamic_ncols=True) as bar:
+    with tqdm(total=num_warmup, desc="warmup (adapting the steps)", dynamic_ncols=True) as bar:
         done = 0
         while done < num_warmup:
             n = min(size, num_warmup - done)
