@@ -78,10 +78,16 @@ def test_valid_schedules_pass_the_check():
         check_schedule("SGLD", "step_size", schedule)
 
 
-def test_schedules_pickle(runs):
-    kernel = SGLD(model, step_size=robbins_monro(1e-3, offset=100.0))
-    clone = pickle.loads(pickle.dumps(kernel))
-    assert float(clone._step_size(7)) == float(kernel._step_size(7)) == 1e-3 * 107.0**-0.55
+def test_schedules_pickle():
+    schedule = robbins_monro(1e-3, offset=100.0)
+    assert float(pickle.loads(pickle.dumps(schedule))(7)) == float(schedule(7)) == 1e-3 * 107.0**-0.55
+    kernel = SGLD(model, step_size=schedule)
+    draws = []
+    for k in (kernel, pickle.loads(pickle.dumps(kernel))):  # the clone steps by the same schedule
+        mcmc = MCMC(k, num_warmup=0, num_samples=20, progress_bar=False)
+        mcmc.run(jax.random.key(0), *data(0))
+        draws.append(np.asarray(mcmc.get_samples()["w"]))
+    np.testing.assert_array_equal(draws[0], draws[1])
     beta = pickle.loads(pickle.dumps(polynomial_annealing(0.5, 2.0)))
     assert float(beta(4)) == 4.0
     mcmc, _ = runs[0]  # after a run

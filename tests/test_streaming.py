@@ -260,7 +260,7 @@ def test_the_native_reader_reads_each_array_in_one_custom_call(files, tmp_path):
     d, X, y = files
     if shutil.which(os.environ.get("CXX", "c++")) is None:
         pytest.skip("no C++ compiler on this machine: the native reader cannot be built")
-    assert native.available(), native._state
+    assert native.available()
     streamed = (stream(d / "X.npy"), stream(d / "y.npy"))
     assert all(s.native for s in streamed)
     pot = SubsampledPotential.from_model(model, streamed)
