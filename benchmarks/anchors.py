@@ -90,7 +90,7 @@ def run_sgld_cv(model, data, key, n, clock=None):
     draws = jax.block_until_ready(mcmc.get_samples(group_by_chain=True)["w"])
     c2, t2 = CLOCK.seconds, time.perf_counter()
     state = mcmc.last_state
-    centre = float(np.sum(np.asarray(state.kernel_state.control.passes)))
+    centre = float(np.sum(np.asarray(state.kernel_state.adapted.control.passes)))
     passes = float(np.sum(np.asarray(state.data_passes))) + centre
     SPLIT.update(warmup_s=t1 - t0 - (c1 - c0), sampling_s=t2 - t1 - (c2 - c1), compile_warmup_s=c1 - c0,
                  compile_sampling_s=c2 - c1, warmup_passes=warm_passes, centre_passes=centre,

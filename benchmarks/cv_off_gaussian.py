@@ -150,8 +150,8 @@ def main(argv=None):
                 ess, mean_err, sd_err = errors(run, nuts.get_samples())
                 state = run.last_state.kernel_state
                 step = float(np.asarray(state.step_size)[0]) * n / 2
-                delta = float(np.asarray(state.control.nonlinearity)[0])
-                pull = float(np.asarray(state.control.prior_pull)[0])
+                delta = float(np.asarray(state.adapted.control.nonlinearity)[0])
+                pull = float(np.asarray(state.adapted.control.prior_pull)[0])
                 checks = [m.split(":")[1].split(".")[0].strip()[:60] for m in check_run(run, warn=False)]
                 print(f"| {name} | {kernel} | {n:,} | {ess:,.0f} | {mean_err:.3f} | {sd_err:.3f} | {step:.2g} | "
                       f"{delta:.3g} | {pull:.2g} | {'; '.join(said) or '—'} | {'; '.join(checks) or '—'} |", flush=True)

@@ -54,7 +54,7 @@ REGISTRY = {
     "EWSGVR": KernelEntry(ns.EWSGVR, lambda m, **kw: ns.EWSGVR(m, step_size=1e-4, friction=20.0, **kw), 25,
                           representative=True),
     # control variates: the centre's full-data passes at the end of warmup are counted apart
-    # (kernel_state.control.passes)
+    # (kernel_state.adapted.control.passes)
     "SGLD-CV": KernelEntry(ns.SGLD, lambda m, **kw: ns.SGLD(m, control_variates=True, **kw), None),
     # fits the model's param site; one more minibatch gradient (for λ) per sampling step
     "VariationalEM": KernelEntry(

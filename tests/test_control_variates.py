@@ -160,7 +160,7 @@ def test_control_variate_kernels_sample_the_exact_posterior(make, steps):
     assert np.all(ess > 200)
     assert np.all(np.abs(draws.mean((0, 1)) - MEAN) / SD < 4 / np.sqrt(ess))
     assert np.all(np.abs(draws.reshape(-1, D).std(0) / SD - 1) < 0.05 + 4 / np.sqrt(2 * ess))
-    control = mcmc.last_state.kernel_state.control
+    control = mcmc.last_state.kernel_state.adapted.control
     assert np.max(np.abs(np.asarray(control.centre.position)[0] - MEAN) / SD) < 0.1  # the Newton tolerance
     assert np.all(np.asarray(control.passes) >= 2)
 
@@ -237,5 +237,5 @@ def test_a_posterior_far_from_gaussian_is_warned_at_the_end_of_warmup(kind, word
             warnings.simplefilter("always")
             mcmc.run(jax.random.key(0), X, y)
         assert not [w for w in caught if "control_variates=True:" in str(w.message)], kind
-        control = mcmc.last_state.kernel_state.control
+        control = mcmc.last_state.kernel_state.adapted.control
         assert float(control.nonlinearity) < 0.2 and float(control.prior_pull) < 0.1, control

@@ -138,13 +138,13 @@ def _check_draws(mcmc, problem):
 @pytest.mark.parametrize("kernel_cls, kwargs", KERNELS)
 def test_user_step_size_wins(small_linreg, kernel_cls, kwargs):
     """A given step size (and friction) is used as is, and no noise warmup runs (the state's
-    ``warmup`` field stays empty); tests/test_pinned_draws.py checks that the draws are unchanged."""
+    ``adapted.warmup`` stays empty); tests/test_pinned_draws.py checks that the draws are unchanged."""
     given = USER_STEPS[kernel_cls.__name__]
     kernel = kernel_cls(small_linreg.model, **given, **kwargs)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # in particular no "cannot estimate the gradient noise"
         ks = kernel.init(jax.random.key(0), 3, None, small_linreg.args, {}).kernel_state
-    assert ks.warmup == ()
+    assert ks.adapted.warmup == ()
     assert kernel.build(kernel.potential).end_warmup is None  # nothing adapted: warmup is burn-in
     for field, value in given.items():
         assert float(getattr(ks, field)) == value
@@ -276,10 +276,10 @@ def test_coordinates_argument(small_linreg):
         SGHMC(small_linreg.model, step_size=1e-3, friction=20.0, coordinates="full")
     kernel = SGLD(small_linreg.model, coordinates="diag")
     state = kernel.init(jax.random.key(0), 300, None, small_linreg.args, {}).kernel_state
-    assert state.basis.scale.shape == (small_linreg.d,)  # a diagonal basis, set at the end of warmup
-    assert not np.allclose(np.asarray(state.basis.scale), 1.0)
+    assert state.adapted.basis.scale.shape == (small_linreg.d,)  # a diagonal basis, set at the end of warmup
+    assert not np.allclose(np.asarray(state.adapted.basis.scale), 1.0)
     assert SGLD(small_linreg.model, step_size=1e-4).init(jax.random.key(0), 3, None, small_linreg.args,
-                                                         {}).kernel_state.basis == ()
+                                                         {}).kernel_state.adapted.basis == ()
 
 
 @pytest.mark.parametrize("kernel_cls", [SGLD, pytest.param(SGHMC, marks=pytest.mark.slow), EWSG],
@@ -374,7 +374,7 @@ def test_a_given_friction_keeps_the_curvature_coordinates(make_linreg):
         states[friction] = mcmc.last_state.kernel_state
         messages[friction] = [str(w.message) for w in record if "forget its state" in str(w.message)]
     default, given = states[None], states[1.0]
-    assert not np.allclose(np.asarray(given.basis.scale), np.eye(problem.d))  # the curvature's coordinates
+    assert not np.allclose(np.asarray(given.adapted.basis.scale), np.eye(problem.d))  # the curvature's coordinates
     assert float(given.friction) == 1.0
     np.testing.assert_allclose(float(given.step_size), float(default.step_size / default.friction), rtol=1e-9)
     assert not any("The friction" in m for m in messages[None])  # the default is critically damped

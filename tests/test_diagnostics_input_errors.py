@@ -149,6 +149,12 @@ def test_diagnostics_of_an_mcmc_that_was_not_run_say_call_run(sg_run, shared):
 # one SG step per warmup iteration: the Langevin kernels' default, ConstantSGD and SGFS with
 # steps_per_sample=1, IASG with a window of one step (ConstantSGD and SGFS by default spread
 # warmup_passes over num_warmup, so their warmup is short only at num_warmup=0)
+def _noise_warmup(kernel_state):
+    """The noise warmup's state: a Langevin kernel's ``adapted.warmup``, ConstantSGD's, SGFS's and
+    IASG's ``warmup``."""
+    return kernel_state.adapted.warmup if hasattr(kernel_state, "adapted") else kernel_state.warmup
+
+
 SHORT_WARMUP_KERNELS = [
     pytest.param(lambda: SGLD(regression), id="SGLD"),
     pytest.param(lambda: SGHMC(regression), id="SGHMC"),
@@ -182,7 +188,7 @@ def test_one_warmup_step_warns_that_the_kernel_samples_from_a_rough_estimate(mak
         r"minibatch \(a rough estimate: .*\), starting where those 1 steps left the chain, near its initial point "
         r"rather than in the mode region: the first draws are burn-in .* Use num_warmup >= 20 .*", text), text
     state = mcmc.last_state
-    assert int(state.kernel_state.warmup.noise_state.count) == 1
+    assert int(_noise_warmup(state.kernel_state).noise_state.count) == 1
     assert int(state.num_divergences) == 0
     assert np.ptp(np.asarray(mcmc.get_samples()["w"]), axis=0).min() > 0
 
@@ -195,7 +201,7 @@ def test_no_warmup_warns_that_every_step_is_rejected(make):
         r"finish\): its noise window averaged no minibatch, so the step size and preconditioner stay undefined "
         r"\(NaN\) and every SG step is rejected and counted as a divergence .* Use num_warmup >= 20 .*", text), text
     state = mcmc.last_state
-    assert int(state.kernel_state.warmup.noise_state.count) == 0
+    assert int(_noise_warmup(state.kernel_state).noise_state.count) == 0
     assert int(state.num_divergences) == int(state.i) > 0
 
 
@@ -211,4 +217,4 @@ def test_a_short_warmup_whose_window_holds_no_refresh_step_warns_that_every_step
             with pytest.warns(UserWarning, match=rf"SGLD: {num_warmup} warmup SG steps cannot estimate the gradient "
                                                  rf"noise.*{averaged}"):
                 state = kernel.init(jax.random.key(0), num_warmup, None, (wide, wide[:, 0]), {})
-        assert int(state.kernel_state.warmup.noise_state.count) == (num_warmup == 1)
+        assert int(_noise_warmup(state.kernel_state).noise_state.count) == (num_warmup == 1)

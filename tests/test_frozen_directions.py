@@ -3,7 +3,7 @@ on badly scaled variables leave one direction nearly frozen, and the driver's sh
 made before sampling, names it, the spread of the rates and the fix.
 
 At the end of warmup each kernel keeps the extremes of the curvature its frozen steps see
-(``kernel_state.spectrum``): the Langevin kernels' A in the coordinates their steps run in, and
+(``kernel_state.adapted.spectrum``): the Langevin kernels' A in the coordinates their steps run in, and
 ConstantSGD's rates P_k A_kk from the diagonal of A. The slowest direction's autocorrelation time
 follows (:func:`~numpyro_sgd.numerics.theory.langevin_autocorrelation_time`,
 :func:`~numpyro_sgd.numerics.theory.ar1_autocorrelation_time`), and a run shorter than 20 of it warns.

@@ -89,11 +89,11 @@ class OracleInBasis:
 
 
 def step_in_basis(step):
-    """``step`` run in the coordinates of ``state.basis``: φ = L⁻¹ θ, one step of φ with the
+    """``step`` run in the coordinates of ``state.adapted.basis``: φ = L⁻¹ θ, one step of φ with the
     oracle of φ, θ = L φ (the momenta and other state of the step stay in φ)."""
 
     def wrapped(rng_key, i, theta, state, oracle):
-        basis = state.basis
+        basis = state.adapted.basis
         phi = apply_preconditioner(basis.inverse, theta)
         phi, state, info = step(rng_key, i, phi, state, OracleInBasis(oracle, basis, at=(phi, theta)))
         return apply_preconditioner(basis.scale, phi), state, info

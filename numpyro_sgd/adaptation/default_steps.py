@@ -23,6 +23,7 @@ from ..numerics.step_rules import (
 )
 from ..numerics.theory import exponential_autocorrelation_time, langevin_autocorrelation_time
 from ..validation import check_choice
+from .adapted import with_adapted
 from .control_variates import (
     ControlState,
     ControlVariateOracle,
@@ -96,7 +97,7 @@ def with_default_steps(algorithm, potential, name, set_steps, warmup_options, su
     set of rows) instead of the Fisher, the coordinates are those of that Hessian, the noise
     ``set_steps`` receives is the control-variate gradient's, measured a posterior sd from θ̂
     (:func:`~numpyro_sgd.adaptation.control_variates.control_variate_noise`, with how far ∇U is from linear
-    there in ``state.control.nonlinearity``), and every sampling step's gradient is the
+    there in ``state.adapted.control.nonlinearity``), and every sampling step's gradient is the
     control-variate estimate (:class:`~numpyro_sgd.adaptation.control_variates.ControlVariateOracle`). The
     state needs a ``control`` field.
     """
@@ -110,24 +111,25 @@ def with_default_steps(algorithm, potential, name, set_steps, warmup_options, su
         check_single_plate(name, potential)
 
     def init(rng_key, theta, num_warmup_steps):
-        state = algorithm.init(rng_key, theta, num_warmup_steps)._replace(warmup=warmup.init(theta, num_warmup_steps))
+        state = with_adapted(algorithm.init(rng_key, theta, num_warmup_steps), warmup=warmup.init(theta, num_warmup_steps))
         if control_variates:
-            state = state._replace(control=unset_control(theta))
-        return state._replace(basis=identity_basis(theta, kind == "full")) if in_basis else state
+            state = with_adapted(state, control=unset_control(theta))
+        return with_adapted(state, basis=identity_basis(theta, kind == "full")) if in_basis else state
 
-    warmup_step = warmup_step_of(warmup)
+    warmup_step = warmup_step_of(warmup, get=lambda s: s.adapted.warmup,
+                                 put=lambda s, ws: with_adapted(s, warmup=ws))
 
     def end_warmup(theta, state, oracle):
-        summary = warmup.final(state.warmup, theta, oracle)
+        summary = warmup.final(state.adapted.warmup, theta, oracle)
         summary = summary._replace(prior_curvature=psd_part(summary.prior_curvature))
-        estimated = state.warmup.noise_state.count > 0
+        estimated = state.adapted.warmup.noise_state.count > 0
         noise = jnp.where(estimated, sampling_noise(summary, potential.plates, law.noise_factor), jnp.nan)
         curvature = jnp.where(estimated, fisher_curvature(summary, potential.plates), jnp.nan)
         if control_variates:
             state, noise, curvature = _centre_and_noise(theta, state, oracle, full, law)
         if in_basis:
             basis = curvature_basis(curvature, kind == "full", potential.num_data)
-            state = state._replace(basis=basis)
+            state = with_adapted(state, basis=basis)
             noise, curvature = basis.express(noise), basis.express(curvature)
         return set_steps(state, noise, curvature)
 
@@ -153,21 +155,21 @@ def _centre_and_noise(theta, state, oracle, full, law):
     # against the prior along a direction the prior's curvature shares (control_variates.PRIOR_PULL_WARN)
     prior_grad = jax.grad(oracle.prior_potential)(centre.position)
     pull = jnp.max(jnp.abs(scale.T @ prior_grad if full else scale * prior_grad))
-    state = state._replace(control=ControlState(centre, nonlinearity, passes, jnp.zeros((), bool), pull))
+    state = with_adapted(state, control=ControlState(centre, nonlinearity, passes, jnp.zeros((), bool), pull))
     return state, (noise if full else jnp.diagonal(noise)), (hessian if full else jnp.diagonal(hessian))
 
 def _start_at_the_centre(theta, state):
     """Before the first sampling block, the chain moves to the centre θ̂ (the mode, where the
     control variates' noise is smallest and sampling starts in the posterior's bulk)."""
-    control = state.control
+    control = state.adapted.control
     theta = jnp.where(control.moved, theta, control.centre.position)
-    return theta, state._replace(control=control._replace(moved=jnp.ones((), bool)))
+    return theta, with_adapted(state, control=control._replace(moved=jnp.ones((), bool)))
 
 def _with_control_variate_gradients(step):
-    """``step`` given the oracle of control-variate gradients about ``state.control.centre``."""
+    """``step`` given the oracle of control-variate gradients about ``state.adapted.control.centre``."""
 
     def wrapped(rng_key, i, theta, state, oracle):
-        return step(rng_key, i, theta, state, ControlVariateOracle(oracle, state.control.centre))
+        return step(rng_key, i, theta, state, ControlVariateOracle(oracle, state.adapted.control.centre))
 
     return wrapped
 
@@ -186,16 +188,17 @@ def with_default_overdamped_step(algorithm, potential, name, step_size, target_i
 
     def set_steps(state, noise, curvature):  # ε = 4τ / λ_max(Q/T + (1 + τ) A)
         if integrator == "exponential":  # the largest ε whose variance error is ≤ τ (curvature N in the basis)
-            eps = exponential_step_size(noise, n, state.control.nonlinearity, target_inflation)
+            eps = exponential_step_size(noise, n, state.adapted.control.nonlinearity, target_inflation)
         else:
             eps = sgld_step_size(noise, curvature, target_inflation, getattr(state, "temperature", 1.0))
-        return state._replace(step_size=eps.astype(state.step_size.dtype), spectrum=curvature_spectrum(curvature))
+        return with_adapted(state._replace(step_size=eps.astype(state.step_size.dtype)),
+                            spectrum=curvature_spectrum(curvature))
 
     algorithm = with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample, coordinates,
                                    control_variates)
     if integrator == "exponential":
         return with_predicted_relaxation(algorithm, potential, coordinates, lambda state, a: (
-            exponential_autocorrelation_time(state.step_size, n, np.asarray(state.control.nonlinearity))))
+            exponential_autocorrelation_time(state.step_size, n, np.asarray(state.adapted.control.nonlinearity))))
     return with_predicted_relaxation(algorithm, potential, coordinates,
                                      lambda state, a: langevin_autocorrelation_time(state.step_size, a))
 
@@ -217,8 +220,8 @@ def with_default_underdamped_steps(algorithm, potential, name, step_size, fricti
         h, gamma = sghmc_steps(noise, curvature, target_inflation, friction)
         h = h if step_size is None else state.step_size
         dtype = state.step_size.dtype
-        return state._replace(step_size=h.astype(dtype), friction=gamma.astype(dtype),
-                              spectrum=curvature_spectrum(curvature))
+        return with_adapted(state._replace(step_size=h.astype(dtype), friction=gamma.astype(dtype)),
+                            spectrum=curvature_spectrum(curvature))
 
     if step_size is not None:
         coordinates = "scalar"

@@ -383,14 +383,17 @@ def short_warmup_message(name, num_warmup_steps, averaged):
             "SGLD after 1 warmup step: 0.43 sd, median of 5 runs, against 0.25 after 1,000). " + fix)
 
 
-def warmup_step_of(warmup, also=None):
+def warmup_step_of(warmup, also=None, get=None, put=None):
     """An algorithm's ``warmup_step`` that delegates to the noise warmup ``warmup`` (its adapter),
-    whose state is the kernel state's ``warmup`` field; ``also(ws)``: other fields of the kernel
-    state to set from the new warmup state."""
+    whose state is the kernel state's ``warmup`` field (``get(state)`` and ``put(state, ws)`` where
+    it lies elsewhere: the Langevin kernels' ``adapted.warmup``); ``also(ws)``: other fields of the
+    kernel state to set from the new warmup state."""
+    get = (lambda s: s.warmup) if get is None else get
+    put = (lambda s, ws: s._replace(warmup=ws)) if put is None else put
 
     def warmup_step(rng_key, step, theta, state, oracle):
-        theta, ws, info = warmup.update(rng_key, step, theta, state.warmup, oracle)
-        return theta, state._replace(warmup=ws, **({} if also is None else also(ws))), info
+        theta, ws, info = warmup.update(rng_key, step, theta, get(state), oracle)
+        return theta, put(state, ws)._replace(**({} if also is None else also(ws))), info
 
     return warmup_step
 

@@ -13,6 +13,7 @@ import numpy as np
 from ..numerics.step_rules import (
     unknown_spectrum,
 )
+from .adapted import with_adapted
 
 __all__ = ["PredictedRelaxation", "FROZEN_SPREAD", "coordinate_name", "frozen_direction_cause",
            "predicted_relaxation", "LOW_FRICTION", "underdamped_cause", "with_predicted_relaxation"]
@@ -106,7 +107,7 @@ def underdamped_cause(state, chain, lowest, coordinates):
 def with_predicted_relaxation(algorithm, potential, coordinates, time, cause=None):
     """The algorithm whose ``block.relaxation`` predicts, at the end of warmup, the integrated
     autocorrelation time of its slowest direction: the larger of ``time(kernel_state, a)`` (NumPy,
-    on the host) at the smallest and the largest curvature a of ``kernel_state.spectrum`` (a
+    on the host) at the smallest and the largest curvature a of ``kernel_state.adapted.spectrum`` (a
     :class:`~numpyro_sgd.numerics.step_rules.Spectrum` that ``init`` adds as unknown and the algorithm's
     ``set_steps`` sets at the end of warmup, in the coordinates the steps run in). In the
     curvature's full basis (:class:`~numpyro_sgd.adaptation.coordinates.CurvatureBasis`: Lᵀ A L = N I) every
@@ -122,10 +123,10 @@ def with_predicted_relaxation(algorithm, potential, coordinates, time, cause=Non
     init = algorithm.init
 
     def init_unknown(rng_key, theta, num_warmup_steps):
-        return init(rng_key, theta, num_warmup_steps)._replace(spectrum=unknown_spectrum(theta.dtype))
+        return with_adapted(init(rng_key, theta, num_warmup_steps), spectrum=unknown_spectrum(theta.dtype))
 
     def relaxation(state):
-        spectrum = jax.tree.map(np.asarray, state.spectrum)
+        spectrum = jax.tree.map(np.asarray, state.adapted.spectrum)
         steps = np.fmax(time(state, spectrum.lowest), time(state, spectrum.highest))
         more = None if cause is None else (lambda chain, lowest: cause(state, chain, lowest, where))
         return predicted_relaxation(steps, spectrum, where, _FROZEN_FIX.get(coordinates), view, more)

@@ -361,7 +361,7 @@ class SGKernel(MCMCKernel):
         if is_tracer((state.kernel_state, num_warmup)) or num_warmup == 0:
             return
         if self.control_variates:
-            warn_off_gaussian(type(self).__name__, state.kernel_state.control)
+            warn_off_gaussian(type(self).__name__, state.kernel_state.adapted.control)
         relaxation, mcmc = self._get_algorithm().block.relaxation, calling_mcmc()
         if relaxation is not None and mcmc is not None:
             warn_short_run(type(self).__name__, relaxation(state.kernel_state), mcmc.num_samples, self._block_steps())

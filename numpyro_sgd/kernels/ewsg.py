@@ -28,6 +28,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 from jax import lax, random
 
+from ..adaptation.adapted import AdaptedSteps
 from ..adaptation.default_steps import (
     check_coordinates,
     with_default_overdamped_step,
@@ -124,14 +125,9 @@ class EWSGState(NamedTuple):
     num_index_accepted: jnp.ndarray
     #: proposed moves of the index chain so far, M per step (warmup included), int32
     num_index_proposed: jnp.ndarray
-    #: noise-warmup state with a default step size or friction; empty when both are given
-    warmup: tuple = ()
-    #: the default steps' coordinates, as :attr:`~numpyro_sgd.SGLDState.basis`
-    basis: tuple = ()
-    #: the curvature the default steps see, as :attr:`~numpyro_sgd.SGLDState.spectrum`
-    spectrum: tuple = ()
-    #: the centre of the control variates, as :attr:`~numpyro_sgd.SGLDState.control`
-    control: tuple = ()
+    #: what the default steps adapted in warmup (:class:`~numpyro_sgd.adaptation.adapted.AdaptedSteps`:
+    #: the noise warmup's state, the coordinates, the curvature spectrum, the control variates' centre)
+    adapted: AdaptedSteps = AdaptedSteps()
 
 
 def _or_nan(value):
@@ -300,14 +296,9 @@ class OverdampedEWSGState(NamedTuple):
     num_index_accepted: jnp.ndarray
     #: proposed moves of the index chain so far, M per step (warmup included), int32
     num_index_proposed: jnp.ndarray
-    #: noise-warmup state with the default step size; empty with a given step size
-    warmup: tuple = ()
-    #: the default steps' coordinates, as :attr:`~numpyro_sgd.SGLDState.basis`
-    basis: tuple = ()
-    #: the curvature the default steps see, as :attr:`~numpyro_sgd.SGLDState.spectrum`
-    spectrum: tuple = ()
-    #: the centre of the control variates, as :attr:`~numpyro_sgd.SGLDState.control`
-    control: tuple = ()
+    #: what the default steps adapted in warmup (:class:`~numpyro_sgd.adaptation.adapted.AdaptedSteps`:
+    #: the noise warmup's state, the coordinates, the curvature spectrum, the control variates' centre)
+    adapted: AdaptedSteps = AdaptedSteps()
 
 
 def overdamped_ewsg(potential, *, step_size=None, num_index_steps=1, target_inflation=TARGET_INFLATION,

@@ -26,6 +26,7 @@ import optax
 from jax import random
 from jax.flatten_util import ravel_pytree
 
+from ..adaptation.adapted import AdaptedSteps
 from ..adaptation.default_steps import check_coordinates, with_default_steps
 from ..adaptation.noise_warmup import pop_warmup_options
 from ..driver.kernel import SGKernel
@@ -195,10 +196,9 @@ class SantaKernelState(NamedTuple):
     burnin: jnp.ndarray
     #: β_t of the last step
     beta: jnp.ndarray
-    #: noise-warmup state with the default step size; empty with a given step size
-    warmup: tuple = ()
-    #: the default steps' coordinates, as :attr:`~numpyro_sgd.SGLDState.basis`
-    basis: tuple = ()
+    #: what the default steps adapted in warmup (:class:`~numpyro_sgd.adaptation.adapted.AdaptedSteps`:
+    #: the noise warmup's state, the coordinates, the curvature spectrum, the control variates' centre)
+    adapted: AdaptedSteps = AdaptedSteps()
 
 
 def santa_algorithm(potential, *, step_size=None, anneal=False, beta_schedule=None, burnin=None, decay=0.999, damping=1e-8,

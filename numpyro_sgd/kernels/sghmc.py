@@ -17,6 +17,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 from jax import random
 
+from ..adaptation.adapted import AdaptedSteps
 from ..adaptation.default_steps import check_coordinates, with_default_underdamped_steps
 from ..adaptation.noise_warmup import pop_warmup_options
 from ..driver.kernel import SGKernel
@@ -37,14 +38,9 @@ class SGHMCState(NamedTuple):
     step_size: jnp.ndarray
     #: friction γ (σ² = 2γ)
     friction: jnp.ndarray
-    #: noise-warmup state with a default step size or friction; empty when both are given
-    warmup: tuple = ()
-    #: the default steps' coordinates, as :attr:`~numpyro_sgd.SGLDState.basis`
-    basis: tuple = ()
-    #: the curvature the default steps see, as :attr:`~numpyro_sgd.SGLDState.spectrum`
-    spectrum: tuple = ()
-    #: the centre of the control variates, as :attr:`~numpyro_sgd.SGLDState.control`
-    control: tuple = ()
+    #: what the default steps adapted in warmup (:class:`~numpyro_sgd.adaptation.adapted.AdaptedSteps`:
+    #: the noise warmup's state, the coordinates, the curvature spectrum, the control variates' centre)
+    adapted: AdaptedSteps = AdaptedSteps()
 
 
 def sghmc(potential, *, step_size=None, friction=None, target_inflation=TARGET_INFLATION, subsample="with_replacement",

@@ -13,6 +13,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 from jax import random
 
+from ..adaptation.adapted import AdaptedSteps, with_adapted
 from ..adaptation.default_steps import check_coordinates, with_default_overdamped_step, with_default_steps
 from ..adaptation.noise_warmup import pop_warmup_options
 from ..adaptation.relaxation import with_predicted_relaxation
@@ -37,18 +38,9 @@ class SGLDState(NamedTuple):
     temperature: jnp.ndarray
     #: the step size used at the last step (ε_t of the schedule)
     last_step_size: jnp.ndarray
-    #: noise-warmup state (:class:`~numpyro_sgd.adaptation.noise_warmup.WarmupState`) with the default step size;
-    #: empty with a given step size
-    warmup: tuple = ()
-    #: the coordinates the default steps run in (:class:`~numpyro_sgd.adaptation.coordinates.CurvatureBasis`, set at
-    #: the end of warmup); empty with ``coordinates="scalar"`` or given steps
-    basis: tuple = ()
-    #: extremes of the curvature the default steps see (:class:`~numpyro_sgd.numerics.step_rules.Spectrum`, set at the
-    #: end of warmup; the prediction of the slowest direction's relaxation reads it); empty with given steps
-    spectrum: tuple = ()
-    #: the centre of the control variates (:class:`~numpyro_sgd.adaptation.control_variates.ControlState`, set at
-    #: the end of warmup); empty without ``control_variates``
-    control: tuple = ()
+    #: what the default steps adapted in warmup (:class:`~numpyro_sgd.adaptation.adapted.AdaptedSteps`:
+    #: the noise warmup's state, the coordinates, the curvature spectrum, the control variates' centre)
+    adapted: AdaptedSteps = AdaptedSteps()
 
 
 def sgld(potential, *, step_size=None, temperature=1.0, target_inflation=TARGET_INFLATION,
@@ -178,7 +170,7 @@ class SGLD(SGKernel):
     when the run is too short for it. *Cost*: the centre takes 2–8 data passes, the Hessian and
     the noise measure about D × 65,536 and 16 × 65,536 per-datum gradients, each step 2S. The
     centre's passes are not in ``data_passes`` (which counts SG steps):
-    ``kernel_state.control.passes`` holds them. Needs one subsample plate; refused inside
+    ``kernel_state.adapted.control.passes`` holds them. Needs one subsample plate; refused inside
     :class:`~numpyro_sgd.SGWithinGibbs` and :class:`~numpyro_sgd.VariationalEM`, whose updates
     would move the centre's gradient.
 
@@ -263,12 +255,9 @@ class PSGLDState(NamedTuple):
     damping: jnp.ndarray
     #: whether V has been initialised (the first step sets V = ḡ²)
     started: jnp.ndarray
-    #: noise-warmup state with the default step size; empty with a given step size
-    warmup: tuple = ()
-    #: the default steps' coordinates, as :attr:`~numpyro_sgd.SGLDState.basis`
-    basis: tuple = ()
-    #: extremes of G^½ A G^½ at the default steps, as :attr:`~numpyro_sgd.SGLDState.spectrum`
-    spectrum: tuple = ()
+    #: what the default steps adapted in warmup (:class:`~numpyro_sgd.adaptation.adapted.AdaptedSteps`:
+    #: the noise warmup's state, the coordinates, the curvature spectrum, the control variates' centre)
+    adapted: AdaptedSteps = AdaptedSteps()
 
 
 def psgld_step(rng_key, theta, grad, second_moment, step_size, decay, damping, num_data, started):
@@ -318,9 +307,9 @@ def psgld(potential, *, step_size=None, decay=0.99, damping=1e-5, target_inflati
         second = jnp.maximum(q_diag, 0.0) / float(potential.num_data) ** 2  # a Python float: N² overflows int32
         precond = 1.0 / (state.damping + jnp.sqrt(second))
         eps = sgld_step_size(noise, curvature, target_inflation, preconditioner=precond)
-        return state._replace(second_moment=second.astype(state.second_moment.dtype),
-                              step_size=eps.astype(state.step_size.dtype), started=jnp.array(True),
-                              spectrum=curvature_spectrum(curvature, precond))  # of G^½ A G^½, G as set here
+        state = state._replace(second_moment=second.astype(state.second_moment.dtype),
+                               step_size=eps.astype(state.step_size.dtype), started=jnp.array(True))
+        return with_adapted(state, spectrum=curvature_spectrum(curvature, precond))  # of G^½ A G^½, G as set here
 
     algorithm = with_default_steps(algorithm, potential, name, set_steps, warmup_options, subsample, coordinates)
     # SGLD's AR(1) in the coordinates of G (G held at its value near the mode)
