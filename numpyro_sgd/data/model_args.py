@@ -121,7 +121,7 @@ def _forget(key, _):
     _KEPT.pop(key, None)
 
 
-def streams_in_memory(mesh, rng_key, mcmc):
+def should_read_in_place(mesh, rng_key, mcmc):
     """Whether a kernel's ``init`` reads large in-memory NumPy arguments in place
     (:func:`stream_in_memory`): under NumPyro's default ``jit_model_args=False`` (with ``True``
     the calling ``mcmc`` passes them into its loop as device arrays), one process, no ``mesh``

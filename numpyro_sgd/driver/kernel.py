@@ -28,9 +28,9 @@ from ..data.model_args import (
     python_scalars,
     restore_scalars,
     setup_with_streams,
+    should_read_in_place,
     split_arrays,
     streamed_leaves,
-    streams_in_memory,
 )
 from ..data.streaming import check_memmaps
 from ..minibatch import policy
@@ -326,7 +326,7 @@ class SGKernel(MCMCKernel):
         vectorized = not is_prng_key(rng_key)
         if not isinstance(num_warmup, int) and not is_tracer(num_warmup):
             num_warmup = int(num_warmup)
-        self._in_memory = streams_in_memory(self._driver.mesh, rng_key, calling_mcmc())
+        self._in_memory = should_read_in_place(self._driver.mesh, rng_key, calling_mcmc())
         algorithm, (model_args, model_kwargs) = setup_with_streams(
             (model_args, model_kwargs), self._in_memory, policy.CLUSTER_MIN_DATA_BYTES,
             lambda args, kwargs: self._setup(rng_key[0] if vectorized else rng_key, args, kwargs))
