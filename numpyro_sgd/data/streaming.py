@@ -26,6 +26,7 @@ import itertools
 import mmap
 import os
 import time
+import weakref
 from typing import NamedTuple
 
 import jax
@@ -473,13 +474,23 @@ def stream(source, name=None, reader="auto"):
     return StreamedRows(source, name or "stream", reader)
 
 
+#: ``id(memmap)`` → the :class:`StreamedRows` :func:`wrap_memmap` made for it, while something (a
+#: kernel's kept run arguments or programs) holds it: later entry points then read the same
+#: wrapper, hence the same compiled programs; nothing is stored on the user's memmap
+_MEMMAP_ROWS = weakref.WeakValueDictionary()
+
+
+def wrapped_rows(array):
+    """The :class:`StreamedRows` :func:`wrap_memmap` made for this memmap, or None."""
+    rows = _MEMMAP_ROWS.get(id(array))
+    return rows if rows is not None and rows.source is array else None
+
+
 def wrap_memmap(array):
-    """The memmap's :class:`StreamedRows`, made once and kept on the memmap (a cycle the garbage
-    collector frees with it), so that repeated calls hit the same compiled programs."""
-    rows = getattr(array, "_numpyro_sgd_rows", None)
+    """The memmap's :class:`StreamedRows`, made once while it is in use (:data:`_MEMMAP_ROWS`)."""
+    rows = wrapped_rows(array)
     if rows is None:
-        rows = StreamedRows(array, f"memory-mapped argument of shape {array.shape}")
-        array._numpyro_sgd_rows = rows
+        rows = _MEMMAP_ROWS[id(array)] = StreamedRows(array, f"memory-mapped argument of shape {array.shape}")
     return rows
 
 
@@ -501,7 +512,7 @@ def check_memmaps(name, model_args, model_kwargs, mcmc):
     for m in memmaps:
         label = f"{name}: memory-mapped argument of shape {m.shape}"
         _check_source(m, label)
-        wrapped = getattr(m, "_numpyro_sgd_rows", None)
+        wrapped = wrapped_rows(m)
         check_files(file_stamps(m) if wrapped is None else wrapped.files, label)
     for rows in streamed_sources((model_args, model_kwargs)):
         check_files(rows.files, f"{name}: {rows.name}")
