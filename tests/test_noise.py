@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from numpyro_sgd.minibatch.law import law_of
 from numpyro_sgd.model.discovery import PlateInfo
 from numpyro_sgd.numerics.noise import discrete_time_correction, noise_estimator
 from numpyro_sgd.numerics.preconditioners import kl_optimal_preconditioner
@@ -65,7 +66,7 @@ def test_discrete_time_correction():
     q = (jnp.eye(3),)
     assert float(discrete_time_correction(q, plates)) == pytest.approx(2 * 1000 / 1100)
     f = (1000 - 100) / 999
-    assert float(discrete_time_correction(q, plates, True)) == pytest.approx(2 / (f + 0.1))
+    assert float(discrete_time_correction(q, plates, law_of("without_replacement").noise_factor)) == pytest.approx(2 / (f + 0.1))
 
 
 def test_kl_optimal_preconditioners_closed_form():
