@@ -40,14 +40,16 @@ import numpy as np
 from jax import lax, random
 
 from ..model.oracle import grad_and_hessian
-from ..numerics.linalg import cho_solve
-from ..numerics.preconditioners import regularized_cholesky
+from ..numerics.linalg import cho_solve, cholesky, inv
+from ..numerics.preconditioners import psd_part, regularized_cholesky
 from ..numerics.row_blocks import FULL_PASS_ROWS, sum_over_row_blocks
+from .adapted import with_adapted
 
 __all__ = ["Centre", "ControlState", "unset_control", "ControlVariateOracle", "full_potential_and_grad",
            "newton_centre", "control_variate_noise", "fixed_rows", "curvature_at", "curvature_rows",
            "CURVATURE_ROWS", "MAX_NEWTON_STEPS", "NEWTON_TOLERANCE", "NEWTON_ROWS", "NEWTON_RADIUS", "check_single_plate",
-           "NONLINEARITY_WARN", "PRIOR_PULL_WARN", "off_gaussian_message"]
+           "NONLINEARITY_WARN", "PRIOR_PULL_WARN", "off_gaussian_message", "centre_and_noise", "start_at_the_centre",
+           "with_control_variate_gradients", "with_control_variates"]
 
 #: rows of the fixed sets the Hessian at the centre and the measure of the control-variate noise
 #: are taken on (two independent sets): the Hessian's relative error in a direction is about
@@ -353,3 +355,48 @@ def _express(matrix, scale):
     if scale.ndim == 1:
         return matrix * jnp.outer(scale, scale)
     return scale.T @ matrix @ scale
+
+
+# ---------------------------------------------------------------------------- the wiring of a kernel
+def centre_and_noise(theta, state, oracle, full, law):
+    """The end of warmup of a control-variate kernel: (state with ``control`` set, the
+    control-variate gradient's noise Q_cv, the Hessian's positive part at the centre), both (D, D)
+    with ``full`` else their diagonals (see
+    :func:`~numpyro_sgd.adaptation.default_steps.with_default_steps`); ``law``: the sampling minibatch law."""
+    centre, passes = newton_centre(oracle, theta)
+    hessian = psd_part(curvature_at(oracle, centre.position, curvature_rows(oracle)))
+    # the posterior's scale at the centre (Laplace), where the noise and the non-linearity are measured
+    scale = cholesky(inv(hessian)) if full else 1.0 / jnp.sqrt(jnp.diagonal(hessian))
+    noise, nonlinearity = control_variate_noise(oracle, centre, scale, random.key(0), rows=curvature_rows(oracle))
+    (plate,) = oracle.plates  # the law's noise factor within each of the k shards (one off a mesh)
+    noise = noise * law.noise_factor(plate.size // oracle.num_shards, plate.subsample_size // oracle.num_shards)
+    # the prior's force at the centre in posterior sds, |Lᵀ ∇U₀(θ̂)|: how far the data pushed the mode
+    # against the prior along a direction the prior's curvature shares (control_variates.PRIOR_PULL_WARN)
+    prior_grad = jax.grad(oracle.prior_potential)(centre.position)
+    pull = jnp.max(jnp.abs(scale.T @ prior_grad if full else scale * prior_grad))
+    state = with_adapted(state, control=ControlState(centre, nonlinearity, passes, jnp.zeros((), bool), pull))
+    return state, (noise if full else jnp.diagonal(noise)), (hessian if full else jnp.diagonal(hessian))
+
+def start_at_the_centre(theta, state):
+    """Before the first sampling block, the chain moves to the centre θ̂ (the mode, where the
+    control variates' noise is smallest and sampling starts in the posterior's bulk)."""
+    control = state.adapted.control
+    theta = jnp.where(control.moved, theta, control.centre.position)
+    return theta, with_adapted(state, control=control._replace(moved=jnp.ones((), bool)))
+
+def with_control_variate_gradients(step):
+    """``step`` given the oracle of control-variate gradients about ``state.adapted.control.centre``."""
+
+    def wrapped(rng_key, i, theta, state, oracle):
+        return step(rng_key, i, theta, state, ControlVariateOracle(oracle, state.adapted.control.centre))
+
+    return wrapped
+
+
+def with_control_variates(algorithm):
+    """The algorithm with control-variate gradients about the centre set at the end of warmup
+    (:func:`centre_and_noise`, in ``state.adapted.control``): every sampling step's oracle is a
+    :class:`ControlVariateOracle` about θ̂, and the first sampling block starts at θ̂. The one
+    place a kernel's sampling is wired to its control variates."""
+    return algorithm._replace(sample_step=with_control_variate_gradients(algorithm.sample_step),
+                              start_block=start_at_the_centre)

@@ -6,13 +6,10 @@ variates, the centre, its Hessian and the control-variate noise instead.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import random
 
 from ..minibatch.law import law_of
-from ..numerics.linalg import cholesky, inv
 from ..numerics.noise import fisher_curvature, sampling_noise
 from ..numerics.preconditioners import psd_part, resolve_preconditioner
 from ..numerics.step_rules import (
@@ -24,16 +21,7 @@ from ..numerics.step_rules import (
 from ..numerics.theory import exponential_autocorrelation_time, langevin_autocorrelation_time
 from ..validation import check_choice
 from .adapted import with_adapted
-from .control_variates import (
-    ControlState,
-    ControlVariateOracle,
-    check_single_plate,
-    control_variate_noise,
-    curvature_at,
-    curvature_rows,
-    newton_centre,
-    unset_control,
-)
+from .control_variates import centre_and_noise, check_single_plate, unset_control, with_control_variates
 from .coordinates import curvature_basis, identity_basis, step_in_basis
 from .noise_warmup import noise_warmup, warmup_step_of
 from .relaxation import underdamped_cause, with_predicted_relaxation
@@ -126,7 +114,7 @@ def with_default_steps(algorithm, potential, name, set_steps, warmup_options, su
         noise = jnp.where(estimated, sampling_noise(summary, potential.plates, law.noise_factor), jnp.nan)
         curvature = jnp.where(estimated, fisher_curvature(summary, potential.plates), jnp.nan)
         if control_variates:
-            state, noise, curvature = _centre_and_noise(theta, state, oracle, full, law)
+            state, noise, curvature = centre_and_noise(theta, state, oracle, full, law)
         if in_basis:
             basis = curvature_basis(curvature, kind == "full", potential.num_data)
             state = with_adapted(state, basis=basis)
@@ -135,44 +123,8 @@ def with_default_steps(algorithm, potential, name, set_steps, warmup_options, su
 
     sample_step = step_in_basis(algorithm.sample_step) if in_basis else algorithm.sample_step
     changes = dict(init=init, warmup_step=warmup_step, end_warmup=end_warmup)
-    if control_variates:
-        sample_step = _with_control_variate_gradients(sample_step)
-        changes["start_block"] = _start_at_the_centre
-    return algorithm._replace(sample_step=sample_step, **changes)
-
-def _centre_and_noise(theta, state, oracle, full, law):
-    """The end of warmup of a control-variate kernel: (state with ``control`` set, the
-    control-variate gradient's noise Q_cv, the Hessian's positive part at the centre), both (D, D)
-    with ``full`` else their diagonals (see :func:`with_default_steps`)."""
-    centre, passes = newton_centre(oracle, theta)
-    hessian = psd_part(curvature_at(oracle, centre.position, curvature_rows(oracle)))
-    # the posterior's scale at the centre (Laplace), where the noise and the non-linearity are measured
-    scale = cholesky(inv(hessian)) if full else 1.0 / jnp.sqrt(jnp.diagonal(hessian))
-    noise, nonlinearity = control_variate_noise(oracle, centre, scale, random.key(0), rows=curvature_rows(oracle))
-    (plate,) = oracle.plates  # the law's noise factor within each of the k shards (one off a mesh)
-    noise = noise * law.noise_factor(plate.size // oracle.num_shards, plate.subsample_size // oracle.num_shards)
-    # the prior's force at the centre in posterior sds, |Lᵀ ∇U₀(θ̂)|: how far the data pushed the mode
-    # against the prior along a direction the prior's curvature shares (control_variates.PRIOR_PULL_WARN)
-    prior_grad = jax.grad(oracle.prior_potential)(centre.position)
-    pull = jnp.max(jnp.abs(scale.T @ prior_grad if full else scale * prior_grad))
-    state = with_adapted(state, control=ControlState(centre, nonlinearity, passes, jnp.zeros((), bool), pull))
-    return state, (noise if full else jnp.diagonal(noise)), (hessian if full else jnp.diagonal(hessian))
-
-def _start_at_the_centre(theta, state):
-    """Before the first sampling block, the chain moves to the centre θ̂ (the mode, where the
-    control variates' noise is smallest and sampling starts in the posterior's bulk)."""
-    control = state.adapted.control
-    theta = jnp.where(control.moved, theta, control.centre.position)
-    return theta, with_adapted(state, control=control._replace(moved=jnp.ones((), bool)))
-
-def _with_control_variate_gradients(step):
-    """``step`` given the oracle of control-variate gradients about ``state.adapted.control.centre``."""
-
-    def wrapped(rng_key, i, theta, state, oracle):
-        return step(rng_key, i, theta, state, ControlVariateOracle(oracle, state.adapted.control.centre))
-
-    return wrapped
-
+    adapted = algorithm._replace(sample_step=sample_step, **changes)  # init above reads the given algorithm's
+    return with_control_variates(adapted) if control_variates else adapted
 
 # ---------------------------------------------------------------------------- default steps
 def with_default_overdamped_step(algorithm, potential, name, step_size, target_inflation, subsample, warmup_options,
