@@ -78,7 +78,7 @@ def test_valid_schedules_pass_the_check():
         check_schedule("SGLD", "step_size", schedule)
 
 
-def test_schedules_pickle():
+def test_schedules_pickle(runs):
     schedule = robbins_monro(1e-3, offset=100.0)
     assert float(pickle.loads(pickle.dumps(schedule))(7)) == float(schedule(7)) == 1e-3 * 107.0**-0.55
     kernel = SGLD(model, step_size=schedule)
