@@ -229,8 +229,9 @@ def main(argv=None):
           "ESS and cost). KL(q || NUTS) of Gaussian fits; the largest error of a mean (in NUTS's sds) and of\n"
           "an sd; the smallest bulk ESS; ESS per second and per data pass; wall time and data passes.\n")
     print(console_table(table))
-    print("\n" + verdict(table))
-    print(f"output: {args.out}/compare.md, compare.csv, marginals.png, ellipses.png, convergence.png")
+    print("\n" + textwrap.fill(verdict(table), 100, subsequent_indent="    "))
+    print(textwrap.fill(f"output: {args.out}/compare.md, compare.csv, marginals.png, ellipses.png, convergence.png",
+                        100, subsequent_indent="    "))
     return table
 
 
