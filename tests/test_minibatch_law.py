@@ -136,6 +136,7 @@ def test_shuffle_rows_keeps_rows_together(tmp_path):
         shuffle_rows(X, y[:5])
 
 
+@pytest.mark.filterwarnings("ignore:.*look ordered")  # its data are a range: ordered on purpose
 def test_cluster_size_errors_name_the_fix():
     X, y, _, _ = _regression(n=2000)
     with pytest.raises(ValueError, match=r"cluster_size=7 must divide .*S = 1000.*use one of"):
