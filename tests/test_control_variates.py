@@ -182,8 +182,8 @@ def test_control_variates_refuse_what_they_cannot_do():
         SGLD(regression, integrator="leapfrog")
     with pytest.raises(TypeError, match="control_variates must be True or False"):
         SGLD(regression, control_variates="yes")
-    with pytest.raises(ValueError, match="SGWithinGibbs: the inner kernel's control variates"):
-        SGWithinGibbs(SGLD(regression, control_variates=True))
+    with pytest.raises(ValueError, match=r"SGHMC\(control_variates=True\) has no control variates for group latents"):
+        SGWithinGibbs(SGHMC(regression, control_variates=True))
     with pytest.raises(ValueError, match="VariationalEM: the kernel's control variates"):
         VariationalEM(SGLD(regression, control_variates=True))
     kernel = SGLD(two_plates, control_variates=True)

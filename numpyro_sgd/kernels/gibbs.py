@@ -39,10 +39,11 @@ from numpyro import handlers
 from numpyro.infer.hmc_util import build_tree, dual_averaging, euclidean_kinetic_energy, velocity_verlet
 from numpyro.util import find_stack_level
 
-from ..data.model_args import as_jax_args, split_arrays
+from ..data.model_args import as_jax_args
 from ..driver.kernel import SGKernel
 from ..driver.wrapper import SGWrapper
 from ..model.discovery import FlatView
+from ..model.groups import GROUP_SCAN_ROWS, check_one_group_per_row, group_layout, rows_per_group
 from ..model.structure import centre_loc_scale, classify_sites, prior_dependencies, support_conflict
 from ..protocol import SGAlgorithm
 
@@ -115,63 +116,6 @@ def _sparse_groups(groups, potential):
     of each group."""
     rows = min(p.subsample_size for p in potential.plates)
     return [(site, g) for site, g in groups.items() if rows < MIN_ROWS_PER_GROUP * g]
-
-
-#: rows of a one-plate model scanned at init to count each group's rows (all of them when N is at
-#: most this; otherwise a uniform sample of this many, without replacement, fixed seed)
-GROUP_SCAN_ROWS = 200_000
-
-
-def rows_per_group(potential, sites, model_args, model_kwargs, max_rows=GROUP_SCAN_ROWS, chunk=2048):
-    """Expected rows of a minibatch that touch each element of the latent ``sites``.
-
-    Row n touches element j when the single-row likelihood gradient N ∇ℓ_n has a non-zero j-th
-    coordinate (its likelihood reads z_j, e.g. ``z[g[idx]]`` with ``g[n] = j``). The gradients are
-    taken at an initial point, for every row when N ≤ ``max_rows`` (exact counts) or for a
-    uniform sample of ``max_rows`` rows, in chunks; a count c_j of the m scanned rows becomes
-    c_j·S/m rows per minibatch. One plate only (``{}`` otherwise).
-
-    :return: ``({site: float array of the site's shape}, exact)``; ``exact``: every row scanned.
-    """
-    if len(potential.plates) != 1 or not sites:
-        return {}, False
-    (plate,) = potential.plates
-    n, s = plate.size, plate.subsample_size
-    m = min(n, max_rows)
-    rows = np.arange(n) if m == n else np.sort(np.random.default_rng(0).choice(n, m, replace=False))
-    args = as_jax_args((model_args, model_kwargs))
-    theta = potential.initial_params(random.key(0), *args)
-    offsets = dict(zip(potential.view.names, np.cumsum((0,) + potential.view.sizes)[:-1]))
-    sizes = dict(zip(potential.view.names, potential.view.sizes))
-    cols = np.concatenate([np.arange(offsets[k], offsets[k] + sizes[k]) for k in sites])
-    # only the array arguments are traced: the others (a Python int group count, which a plate's
-    # size needs concrete) stay as they are, as in the potential's own jitted calls
-    arrays, rebuild, _ = split_arrays(*args)
-
-    @jax.jit
-    def touched(idx, valid, arrays):
-        args = rebuild(arrays)
-        prior = jax.grad(potential.prior_potential)(theta, *args)[cols]
-
-        def one(i):
-            return jax.grad(potential.potential)(theta, {plate.name: i[None]}, *args)[cols]
-
-        lik = jax.vmap(one)(idx) - prior  # N ∇ℓ_n: the prior's part cancels to rounding
-        hit = jnp.abs(lik) > 1e-6 * jnp.abs(prior) + jnp.finfo(lik.dtype).tiny
-        return jnp.sum(hit & valid[:, None], axis=0)
-
-    counts = np.zeros(cols.shape[0], np.int64)
-    for start in range(0, m, chunk):
-        block = rows[start:start + chunk]
-        valid = np.arange(chunk) < block.shape[0]
-        idx = np.resize(block, chunk).astype(np.int32)  # the last chunk padded with its own rows
-        counts += np.asarray(touched(idx, valid, arrays))
-    per_batch = counts * (s / m)
-    out, k = {}, 0
-    for site in sites:
-        out[site] = per_batch[k:k + sizes[site]].reshape(potential.view.shapes[potential.view.names.index(site)])
-        k += sizes[site]
-    return out, m == n
 
 
 def _sparse_group_message(potential, sites, model_args, model_kwargs):
@@ -500,11 +444,14 @@ class SGWithinGibbs(SGWrapper):
         # LocScaleReparam sites are sampled centred (their scale and mean become hyper sites)
         model = centre_loc_scale(kernel.subsampled_model) if isinstance(kernel, SGKernel) else None
         super().__init__(kernel, model=model, **kwargs)
-        if getattr(kernel, "control_variates", False):
+        # SGLD(control_variates=True): the control variates for group latents (kernels/group_sgld.py)
+        if kernel.control_variates and not hasattr(kernel, "group_algorithm"):
             raise ValueError(
-                "SGWithinGibbs: the inner kernel's control variates take their centre and its full-data gradient at "
-                "the end of warmup, and every φ update would move them (one data pass or more each); use the inner "
-                "kernel with control_variates=False (ConstantSGD(model) is the default inner kernel).")
+                f"SGWithinGibbs: {type(kernel).__name__}(control_variates=True) has no control variates for group "
+                "latents; use SGWithinGibbs(SGLD(model, control_variates=True)), the large-N route for random-effects "
+                f"models, or {type(kernel).__name__} with control_variates=False.")
+        self._group_algorithm = kernel.group_algorithm("SGWithinGibbs") if kernel.control_variates else None
+        self._group_layout = None
         if isinstance(hyper_sites, str):
             hyper_sites = (hyper_sites,)
         if hyper_sites is not None and (not isinstance(hyper_sites, (list, tuple, set, frozenset))
@@ -564,7 +511,11 @@ class SGWithinGibbs(SGWrapper):
             if self._group_warning is not None:
                 warnings.warn(self._group_warning, UserWarning, stacklevel=find_stack_level())
         self._z_potential = None
-        algorithm = sg_within_gibbs(self.inner_algorithm, potential, hyper_names=self._hyper_names, **self._nuts_options)
+        inner = self.inner_algorithm
+        if self._group_algorithm is not None:
+            def inner(z_potential, layout=self._group_layout):
+                return self._group_algorithm(z_potential, layout)
+        algorithm = sg_within_gibbs(inner, potential, hyper_names=self._hyper_names, **self._nuts_options)
         if algorithm.block.summarises:
             raise ValueError(
                 f"SGWithinGibbs: {type(self._inner).__name__}'s returned draws are averages of its iterates, not "
@@ -580,6 +531,9 @@ class SGWithinGibbs(SGWrapper):
         conflict = support_conflict(potential, hyper, model_args, model_kwargs)
         if conflict is not None:
             raise ValueError(f"SGWithinGibbs: {conflict}")
+        if self._group_algorithm is not None:
+            self._group_layout = self._group_structure(potential, hyper, model_args, model_kwargs)
+            return hyper, None  # every group moves with the centre's curvature: no rows-per-group rule
         groups = _group_sites(potential, hyper, model_args, model_kwargs, deps)
         sparse = _sparse_groups(groups, potential)
         if sparse:
@@ -594,3 +548,23 @@ class SGWithinGibbs(SGWrapper):
                 f"subsample_size to at least {MIN_ROWS_PER_GROUP * groups}, or use NUTS.")
         # the average is enough: count each group's rows
         return hyper, _sparse_group_message(potential, list(groups), model_args, model_kwargs)
+
+    def _group_structure(self, potential, hyper, model_args, model_kwargs):
+        """The :class:`~numpyro_sgd.numerics.arrowhead.GroupLayout` of the non-hyper sites, checked on the rows
+        (:func:`~numpyro_sgd.model.groups.check_one_group_per_row`)."""
+        name = "SGWithinGibbs(SGLD(control_variates=True))"
+        if self._driver.mesh is not None:
+            raise ValueError(f"{name}: mesh= is not supported yet with the control variates for group latents "
+                             "(their centre's pass is not reduced across devices); run on one device.")
+        z_potential = potential.restricted(z_sites(potential, hyper))
+        sites = group_layout(z_potential, model_args, model_kwargs, name)
+        if sites is None:
+            raise ValueError(
+                f"{name}: the model has no group latents (latent sites in a plate that is not subsampled, read as "
+                "a[g[idx]] in the data plate); use SGWithinGibbs(ConstantSGD(model)).")
+        args, kwargs = as_jax_args((model_args, model_kwargs))
+        theta = potential.initial_params(random.key(0), args, kwargs)
+        hyper_idx, z_idx, hyper_view = _split_indices(potential.view, set(hyper))
+        params = {k: potential.transforms[k](v) for k, v in hyper_view.unravel(theta[hyper_idx]).items()}
+        check_one_group_per_row(z_potential, sites, theta[z_idx], model_args, model_kwargs, params, name)
+        return sites.layout

@@ -18,12 +18,15 @@ from ..adaptation.default_steps import check_coordinates, with_default_overdampe
 from ..adaptation.noise_warmup import pop_warmup_options
 from ..adaptation.relaxation import with_predicted_relaxation
 from ..driver.kernel import SGKernel
+from ..model.groups import group_layout
+from ..model.structure import classify_sites
 from ..numerics.diffusions import exponential_overdamped_langevin, overdamped_langevin
 from ..numerics.schedules import check_schedule
 from ..numerics.step_rules import TARGET_INFLATION, check_target_inflation, curvature_spectrum, sgld_step_size
 from ..numerics.theory import langevin_autocorrelation_time
 from ..protocol import SGAlgorithm, StepInfo
 from ..validation import check_control_variates, check_number, check_positive, check_step_size
+from .group_sgld import group_sgld
 from .langevin import overdamped_ewsg_update
 
 __all__ = ["SGLD", "SGLDState", "PSGLD", "PSGLDState", "sgld", "psgld", "psgld_step"]
@@ -85,6 +88,26 @@ def sgld(potential, *, step_size=None, temperature=1.0, target_inflation=TARGET_
                     describe=lambda state: f"step size {float(state.last_step_size):.3g}"),
         potential, name, step_size, target_inflation, subsample, warmup_options, coordinates,
         control_variates=control_variates, integrator=integrator)
+
+
+def refuse_group_latents(potential, model_args, model_kwargs):
+    """Raise when SGLD(control_variates=True) alone meets a random-effects model: group latents
+    (:func:`~numpyro_sgd.model.groups.group_layout`) with hyperparameters
+    (:func:`~numpyro_sgd.model.structure.classify_sites`). Its curvature and noise are dense in
+    every latent, (D_g + G d_l)² floats, and the group scales' funnel is not near-Gaussian."""
+    hyper, _ = classify_sites(potential, model_args, model_kwargs)
+    if not hyper:
+        return
+    sites = group_layout(potential.restricted([n for n in potential.view.names if n not in hyper]), model_args,
+                         model_kwargs, "SGLD")
+    if sites is not None:
+        raise ValueError(
+            f"SGLD: control_variates=True on a random-effects model (group latents {list(sites.group)} in plate "
+            f"'{sites.plate}', {sites.num_groups:,} groups; hyperparameters {hyper}): the flat kernel's curvature is "
+            f"dense in all {potential.dim:,} latents and the group scales are not near-Gaussian. Use "
+            "SGWithinGibbs(SGLD(model, control_variates=True)): control variates with the model's block-arrowhead "
+            "curvature for the group latents, and the hyperparameters drawn exactly given them "
+            "(docs/hierarchical_models.md).")
 
 
 class SGLD(SGKernel):
@@ -235,6 +258,25 @@ class SGLD(SGKernel):
         self._options = dict(target_inflation=check_target_inflation(name, target_inflation), name=name,
                              coordinates=check_coordinates(name, coordinates, step_size is not None),
                              control_variates=self.control_variates, integrator=integrator, **warmup_options)
+
+    def _setup(self, rng_key, model_args, model_kwargs):
+        algorithm = super()._setup(rng_key, model_args, model_kwargs)
+        if self.control_variates:
+            self._once_per_data("group latents", model_args, model_kwargs, self.potential.plates,
+                                lambda: refuse_group_latents(self.potential, model_args, model_kwargs))
+        return algorithm
+
+    def group_algorithm(self, wrapper):
+        """``(potential, layout) -> SGAlgorithm``: the algorithm with control variates for group latents
+        (:func:`~numpyro_sgd.kernels.group_sgld.group_sgld`) that ``wrapper`` (SGWithinGibbs) runs
+        in place of this kernel's on a random-effects model; its step and curvature are its own, so
+        a given ``step_size`` or ``integrator`` is refused."""
+        if self._step_size is not None or self._options["integrator"] != "exponential":
+            raise ValueError(
+                f"{wrapper}: SGLD(control_variates=True) inside {wrapper} runs the control variates for group latents, "
+                "whose step is the exponential integrator in the coordinates of the block-arrowhead Hessian; leave "
+                "step_size and integrator to it.")
+        return group_sgld
 
     def _build(self, potential, adapt_steps_per_sample=True):
         return sgld(potential, step_size=self._step_size, temperature=self._temperature, subsample=self._driver.subsample,

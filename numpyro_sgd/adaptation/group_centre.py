@@ -1,0 +1,203 @@
+"""The centre of the control variates for group latents: the likelihood's gradient and its
+block-arrowhead Hessian over every row in one pass, and streamed Newton steps to the mode.
+
+For a model with global latents β and group latents a_g (:mod:`~numpyro_sgd.model.groups`),
+U(θ) = L(θ) + U₀(θ; φ): the likelihood L reads the data, the prior U₀ (with the Jacobians) the
+hyperparameters φ and no data. A pass over the rows in blocks gives ∇L(θ) and ∇²L(θ)·v for the
+D_g + d_l probes v of :func:`~numpyro_sgd.numerics.arrowhead.probes` (one linearisation of the
+block's gradient, its tangent map applied to each probe), hence the whole arrowhead ∇²L(θ), exact,
+in memory O(D_g² + G d_l D_g). U₀'s gradient and arrowhead Hessian cost no data.
+
+:func:`group_newton` takes damped Newton steps θ ← θ − s H⁻¹ ∇U(θ) with H = ∇²L(θ) + ∇²U₀(θ),
+factored by the Schur complement on the global block, one pass per evaluated point, until the
+Newton decrement λ² = ∇Uᵀ H⁻¹ ∇U is below a tolerance (the rule of
+:func:`~numpyro_sgd.adaptation.control_variates.newton_centre`: a trust region of R posterior
+sds, a candidate past the minimum along the step (the strong Wolfe condition with c₂ = ½, read
+from its gradient) shortened, Nocedal & Wright 2006, Eq. 3.7). The centre keeps ∇L(θ̂) and
+∇²L(θ̂), which do not depend on φ: φ has no observed child.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ..numerics.arrowhead import Arrowhead, factor, from_probes, probes
+
+__all__ = ["GroupCentre", "unset_group_centre", "likelihood_pass", "prior_part", "group_newton",
+           "GROUP_PASS_ROWS", "GROUP_NEWTON_STEPS", "GROUP_NEWTON_TOLERANCE", "GROUP_NEWTON_RADIUS"]
+
+#: rows per block of the centre's passes: every block's gradient is a vector over all G groups,
+#: so larger blocks than a flat model's (:data:`~numpyro_sgd.numerics.row_blocks.FULL_PASS_ROWS`)
+#: keep the O(G) work per block below the rows' own
+GROUP_PASS_ROWS = 65_536
+#: the most evaluated points (data passes) of :func:`group_newton`
+GROUP_NEWTON_STEPS = 20
+#: the Newton decrement at which the centre is close enough (a tenth of a posterior sd)
+GROUP_NEWTON_TOLERANCE = 0.01
+#: rows per group coordinate of the first phase's passes (:func:`first_stride`)
+FIRST_PHASE_ROWS_PER_GROUP = 8
+#: the Newton decrement on the first phase's rows at which :func:`group_newton` goes on with all rows
+FIRST_PHASE_TOLERANCE = 1.0
+#: the longest first Newton step, in posterior sds: none. A start drawn by the init strategy can
+#: be 10⁴ posterior sds from the mode (σ of a linear mixed model at a tenth of its value), where a
+#: trust region that doubles needs ten passes more than full steps; full Newton steps move log σ
+#: by about ½ per pass from there, and a step to a non-finite point or past the minimum is shortened
+GROUP_NEWTON_RADIUS = float("inf")
+
+
+class GroupCentre(NamedTuple):
+    """The centre θ̂ of the control variates for group latents, with the likelihood there."""
+
+    #: θ̂ (flat, unconstrained)
+    position: jnp.ndarray
+    #: ∇L(θ̂), all rows (no prior)
+    lik_grad: jnp.ndarray
+    #: ∇²L(θ̂), all rows (no prior), block-arrowhead
+    lik_hessian: Arrowhead
+    #: λ² where the Newton steps stopped (NaN: no finite point)
+    decrement: jnp.ndarray
+    #: data passes the Newton steps took
+    passes: jnp.ndarray
+
+
+def unset_group_centre(theta, layout):
+    """The :class:`GroupCentre` before it is found (NaN)."""
+    nan = jnp.full((), jnp.nan, theta.dtype)
+    d_g, (g, d_l) = layout.global_index.shape[0], layout.local_index.shape
+    hessian = Arrowhead(jnp.full((d_g, d_g), jnp.nan, theta.dtype), jnp.full((g, d_l, d_g), jnp.nan, theta.dtype),
+                        jnp.full((g, d_l, d_l), jnp.nan, theta.dtype))
+    return GroupCentre(jnp.full_like(theta, jnp.nan), jnp.full_like(theta, jnp.nan), hessian, nan,
+                       jnp.zeros((), theta.dtype))
+
+
+def prior_part(oracle, theta, layout):
+    """(∇U₀(θ), ∇²U₀(θ) as an :class:`Arrowhead`): the prior and Jacobian terms, no data."""
+    grad, tangent = jax.linearize(jax.grad(oracle.prior_potential), theta)
+    return grad, from_probes(layout, jax.vmap(tangent)(probes(layout, theta.dtype)))
+
+
+def likelihood_pass(oracle, theta, layout, stride=1, block_rows=GROUP_PASS_ROWS):
+    """(∇L(θ), ∇²L(θ)) over the rows of the one subsample plate, in blocks of ``block_rows``
+    rows (each device's own rows on a mesh, as
+    :func:`~numpyro_sgd.adaptation.control_variates.full_potential_and_grad`), with the memory of
+    one block (a running sum). Every block's potential carries the prior and the scale N/K; weighted
+    K/N over all blocks they sum every row once and the prior once, which is then taken off.
+
+    ``stride`` (a Python int) > 1 takes every stride-th block only, weighted equally (an
+    unbiased estimate of L from 1/stride of the rows; the rows left after the last whole block
+    are skipped): the cheap passes of :func:`group_newton`'s first phase.
+
+    :return: ``(∇L, ∇²L as an Arrowhead, the fraction of a data pass read)``.
+    """
+    (plate,) = oracle.plates
+    n, k = plate.size, oracle.num_shards
+    size = max(1, min(block_rows // k, n // k))
+    num_full, rest = divmod(n // k, size)
+    probe = probes(layout, theta.dtype)
+    whole = stride == 1
+    used = max(num_full // stride, 1)
+
+    def block(start, rows, weight):
+        rows = oracle.shard_rows(start, rows)
+        grad, tangent = jax.linearize(jax.grad(lambda t: weight * oracle.potential_energy(t, rows)), theta)
+        return grad, jax.vmap(tangent)(probe)
+
+    weight = k * size / n if whole else 1.0 / used
+    shapes = jax.eval_shape(lambda: block(jnp.zeros((), jnp.int32), size, weight))
+    zero = jax.tree.map(lambda x: like(theta, jnp.zeros(x.shape, x.dtype)), shapes)
+    total = lax.fori_loop(0, used, lambda b, acc: jax.tree.map(jnp.add, acc, block(b * stride * size, size, weight)),
+                          zero)
+    if rest and whole:  # the rows after the last whole block, in a whole pass only
+        total = jax.tree.map(jnp.add, total, block(jnp.asarray(num_full * size, jnp.int32), rest, k * rest / n))
+    grad, products = total
+    prior_grad, prior_tangent = jax.linearize(jax.grad(oracle.prior_potential), theta)
+    read = jnp.asarray(1.0 if whole else used * size * k / n, theta.dtype)
+    return grad - prior_grad, from_probes(layout, products - jax.vmap(prior_tangent)(probe)), read
+
+
+def like(theta, x):
+    """``x``, made to depend on θ (a select that XLA removes): under ``vmap`` a loop's carry is
+    then batched from the start, and JAX batches the loop's body once instead of again each time
+    it finds another carry entry batched (which, with loops nested in loops, multiplies)."""
+    return jnp.where(jnp.isnan(theta[0]), x, x)
+
+
+def first_stride(num_rows, layout, block_rows=GROUP_PASS_ROWS):
+    """The stride of :func:`group_newton`'s first phase: every stride-th block holds about
+    max(2 blocks, :data:`FIRST_PHASE_ROWS_PER_GROUP` rows per group coordinate) rows; 1 (no first
+    phase) when that is most of the rows."""
+    blocks = max(1, num_rows // block_rows)
+    wanted = max(2 * block_rows, FIRST_PHASE_ROWS_PER_GROUP * layout.local_index.size)
+    stride = blocks // max(1, -(-wanted // block_rows))
+    return stride if stride >= 3 else 1
+
+
+def group_newton(oracle, theta, layout, active, max_steps=GROUP_NEWTON_STEPS, tolerance=GROUP_NEWTON_TOLERANCE,
+                 radius=GROUP_NEWTON_RADIUS):
+    """The :class:`GroupCentre` from ``theta`` by damped Newton steps (module docstring), the
+    first at ``theta``; nothing at all where ``active`` is False (the loops then stop at once:
+    under ``vmap`` the chains that need no centre cost nothing).
+
+    Two phases: from a start far out (the init strategy's), Newton steps on every
+    :func:`first_stride`-th block of rows (an unbiased estimate of L from a fraction of the rows)
+    until their decrement is below :data:`FIRST_PHASE_TOLERANCE`, then on all rows until λ² ≤
+    ``tolerance``; each phase at most ``max_steps`` evaluations. The phases are two loops with a
+    fixed set of rows each, so that under ``vmap`` (the vectorized chains) every chain reads the
+    same rows at once. ``passes`` counts the rows read, in data passes."""
+    dtype = theta.dtype
+    (plate,) = oracle.plates
+    stride = first_stride(plate.size // oracle.num_shards, layout)
+
+    def newton(point, lik_grad, lik_hessian):
+        prior_grad, prior_hessian = prior_part(oracle, point, layout)
+        grad = lik_grad + prior_grad
+        direction = factor(lik_hessian + prior_hessian).solve(layout, grad)
+        return grad, direction, grad @ direction
+
+    def phase(carry, stride, tolerance):
+        def keep_going(carry):
+            n, evaluated, *_, decrement, _, _ = carry
+            return active & (n < max_steps) & (~evaluated | (decrement > tolerance))
+
+        def body(carry):
+            n, evaluated, position, lik_grad, lik_hessian, direction, decrement, region, passes = carry
+            scale = jnp.minimum(1.0, region / jnp.sqrt(decrement))
+            point = jnp.where(evaluated, position - scale * direction, position)
+            lik_grad_c, lik_hessian_c, read = likelihood_pass(oracle, point, layout, stride)
+            grad_c, direction_c, decrement_c = newton(point, lik_grad_c, lik_hessian_c)
+            finite = jnp.isfinite(decrement_c) & jnp.all(jnp.isfinite(grad_c))
+            overshot = evaluated & (grad_c @ direction < -0.5 * decrement)
+            accept = finite & ~overshot
+
+            def pick(new, old):
+                return jax.tree.map(lambda a, b: jnp.where(accept, a, b), new, old)
+
+            position, lik_grad, lik_hessian, direction = pick((point, lik_grad_c, lik_hessian_c, direction_c),
+                                                              (position, lik_grad, lik_hessian, direction))
+            # no finite point at the start: stop with a NaN decrement (the chain's steps are then rejected)
+            decrement = jnp.where(accept, decrement_c, jnp.where(evaluated, decrement, jnp.nan))
+            # after a shortened step the region is a quarter of that step's length (in posterior sds)
+            region = jnp.where(evaluated & ~accept, 0.25 * scale * jnp.sqrt(decrement),
+                               jnp.where(evaluated, 2.0 * region, region))
+            return (n + 1, jnp.ones((), bool), position, lik_grad, lik_hessian, direction, decrement, region,
+                    passes + read)
+
+        return lax.while_loop(keep_going, body, carry)
+
+    unset = unset_group_centre(theta, layout)
+
+    def start(position, passes):
+        carry = (jnp.zeros((), jnp.int32), jnp.zeros((), bool), position, unset.lik_grad, unset.lik_hessian,
+                 jnp.zeros_like(theta), jnp.full((), jnp.inf, dtype), jnp.asarray(radius, dtype), passes)
+        return jax.tree.map(lambda x: like(position, x), carry)
+
+    passes = jnp.zeros((), dtype)
+    if stride > 1:
+        first = phase(start(theta, passes), stride, FIRST_PHASE_TOLERANCE)
+        theta, passes = first[2], first[-1]
+    _, _, position, lik_grad, lik_hessian, _, decrement, _, passes = phase(start(theta, passes), 1, tolerance)
+    return GroupCentre(position, lik_grad, lik_hessian, decrement, passes)

@@ -1,0 +1,210 @@
+"""The random-effects structure of a model, read from its plates and checked on its rows.
+
+A *group latent* is a latent site in a plate that is not subsampled (``numpyro.plate("groups",
+G)``), whose element g the data plate reads as ``a[g[idx]]``. The control variates of
+:func:`~numpyro_sgd.kernels.group_sgld.group_sgld` need every row to read the global latents and
+the coordinates of one group only: the Hessian is then block-arrowhead
+(:mod:`~numpyro_sgd.numerics.arrowhead`). :func:`group_layout` finds the group sites from the
+plates; :func:`check_one_group_per_row` checks, on a fixed set of rows, that the likelihood's
+and the prior's Hessians have that form (a crossed or multi-membership effect, or a prior that
+couples the groups, does not), before any sampling.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import random
+from numpyro import handlers
+
+from ..data.model_args import as_jax_args, split_arrays
+from ..numerics.arrowhead import GroupLayout, from_probes, probes
+
+__all__ = ["GroupSites", "group_layout", "check_one_group_per_row", "CHECK_ROWS", "rows_per_group", "GROUP_SCAN_ROWS"]
+
+#: rows on which :func:`check_one_group_per_row` compares the arrowhead Hessian with the exact one
+CHECK_ROWS = 512
+
+
+class GroupSites:
+    """The group plate, its group sites and the global sites of a potential's θ."""
+
+    def __init__(self, plate, num_groups, group, glob, layout):
+        #: the group plate's name
+        self.plate = plate
+        #: G
+        self.num_groups = num_groups
+        #: the group sites (each of shape (G, …))
+        self.group = tuple(group)
+        #: the other latent sites of θ
+        self.glob = tuple(glob)
+        #: :class:`~numpyro_sgd.numerics.arrowhead.GroupLayout` in θ
+        self.layout = layout
+
+
+def _trace(model, model_args, model_kwargs):
+    args, kwargs = as_jax_args((model_args, model_kwargs))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return handlers.trace(handlers.seed(model, 0)).get_trace(*args, **kwargs)
+
+
+def group_layout(potential, model_args, model_kwargs, name):
+    """:class:`GroupSites` of ``potential``'s latent sites (its ``view``), or None when no latent
+    site lies in a plate that is not subsampled.
+
+    Raises, naming the sites, when the group sites lie in two plates (crossed effects), in nested
+    plates, or do not have the group plate as their first axis.
+    """
+    tr = _trace(potential.model, model_args, model_kwargs)
+    subsampled = {p.name for p in potential.plates}
+    frames = {}
+    for site in potential.view.names:
+        outer = [f for f in tr[site]["cond_indep_stack"] if f.name not in subsampled]
+        if len(outer) > 1:
+            raise ValueError(
+                f"{name}: the latent site '{site}' lies in the plates {[f.name for f in outer]}; the control variates "
+                "for group latents take one group plate, with each site's first axis its groups (e.g. a (G, 2) "
+                "intercept and slope as one site of event shape (2,), or two sites in the one plate). Write it so, "
+                "or use SGWithinGibbs(ConstantSGD(model)).")
+        if outer:
+            frames[site] = outer[0]
+    if not frames:
+        return None
+    plates = sorted({f.name for f in frames.values()})
+    if len(plates) > 1:
+        by_plate = {p: [s for s, f in frames.items() if f.name == p] for p in plates}
+        raise ValueError(
+            f"{name}: the group latents lie in {len(plates)} group plates ({by_plate}): crossed effects (a row read "
+            "by one group of each plate, e.g. user and item) make the Hessian's group blocks overlap, which the "
+            "block-arrowhead curvature of the control variates does not cover yet. Use "
+            "SGWithinGibbs(ConstantSGD(model)) (with S ≥ 10 × the groups of the larger plate), or NUTS.")
+    (plate,) = plates
+    num_groups = int(next(iter(frames.values())).size)
+    shapes = dict(zip(potential.view.names, potential.view.shapes))
+    offsets = dict(zip(potential.view.names, np.cumsum((0,) + potential.view.sizes)[:-1]))
+    local, glob = [], []
+    for site in potential.view.names:
+        span = np.arange(offsets[site], offsets[site] + int(np.prod(shapes[site], dtype=int)))
+        if site not in frames:
+            glob.append(span)
+            continue
+        if not shapes[site] or shapes[site][0] != num_groups:
+            raise ValueError(
+                f"{name}: the group latent '{site}' has shape {shapes[site]}, whose first axis is not its "
+                f"{num_groups} groups of plate '{plate}'; declare the plate as the site's leftmost batch dimension "
+                "(the default dim=-1 with an event shape on the right).")
+        local.append(span.reshape(num_groups, -1))
+    layout = GroupLayout(np.concatenate(glob).astype(np.int32) if glob else np.zeros(0, np.int32),
+                         np.concatenate(local, axis=1).astype(np.int32))
+    return GroupSites(plate, num_groups, [s for s in potential.view.names if s in frames],
+                      [s for s in potential.view.names if s not in frames], layout)
+
+
+def check_one_group_per_row(potential, sites, theta, model_args, model_kwargs, params, name, rows=CHECK_ROWS):
+    """Raise unless the Hessian of ``potential`` (its likelihood on ``rows`` rows of the one
+    subsample plate, and its prior) at θ is block-arrowhead in ``sites.layout``: the exact
+    Hessian-vector product along a random direction is compared with the arrowhead read from the
+    probes (:func:`~numpyro_sgd.numerics.arrowhead.from_probes`). A row that reads two groups'
+    coordinates (crossed or multi-membership effects), or a prior that couples groups, fails.
+
+    :param params: constrained values of the sites ``potential`` does not sample (the hyperparameters).
+    """
+    (plate,) = potential.plates
+    n = plate.size
+    idx = np.sort(np.random.default_rng(0).choice(n, min(rows, n), replace=False)).astype(np.int32)
+    arrays, rebuild, _ = split_arrays(*as_jax_args((model_args, model_kwargs)))
+    layout = sites.layout
+    dtype = theta.dtype
+    probe = probes(layout, np.dtype(dtype))
+    direction = random.normal(random.key(1), theta.shape, dtype)
+
+    @jax.jit
+    def mismatch(theta, arrays, idx):
+        args, kwargs = rebuild(arrays)
+
+        def likelihood(t):
+            return (potential.potential(t, {plate.name: idx}, args, kwargs, params)
+                    - potential.prior_potential(t, args, kwargs, params))
+
+        def prior(t):
+            return potential.prior_potential(t, args, kwargs, params)
+
+        out = []
+        for fn in (likelihood, prior):
+            hvp = jax.linearize(jax.grad(fn), theta)[1]
+            exact = hvp(direction)
+            assembled = from_probes(layout, jax.vmap(hvp)(probe)).matvec(layout, direction)
+            out.append(jnp.linalg.norm(exact - assembled) / jnp.maximum(jnp.linalg.norm(exact), 1e-30))
+        return jnp.stack(out)
+
+    lik, pri = np.asarray(mismatch(theta, arrays, jnp.asarray(idx)))
+    for what, value in (("the likelihood of a row", lik), ("the prior", pri)):
+        if not value <= 1e-3:
+            raise ValueError(
+                f"{name}: {what} couples the coordinates of different groups of the group latents {list(sites.group)} "
+                f"(plate '{sites.plate}'): its Hessian is not one block per group plus the global latents (relative "
+                f"mismatch {value:.2g} on {idx.size} rows). The control variates for group latents need each row to "
+                "read one group (a[g[idx]]) and the groups to be independent given the hyperparameters; a crossed "
+                "or multi-membership effect, or a prior that correlates the groups, is not covered. Use "
+                "SGWithinGibbs(ConstantSGD(model)) or NUTS.")
+
+
+#: rows of a one-plate model scanned at init to count each group's rows (all of them when N is at
+#: most this; otherwise a uniform sample of this many, without replacement, fixed seed)
+GROUP_SCAN_ROWS = 200_000
+
+
+def rows_per_group(potential, sites, model_args, model_kwargs, max_rows=GROUP_SCAN_ROWS, chunk=2048):
+    """Expected rows of a minibatch that touch each element of the latent ``sites``.
+
+    Row n touches element j when the single-row likelihood gradient N ∇ℓ_n has a non-zero j-th
+    coordinate (its likelihood reads z_j, e.g. ``z[g[idx]]`` with ``g[n] = j``). The gradients are
+    taken at an initial point, for every row when N ≤ ``max_rows`` (exact counts) or for a
+    uniform sample of ``max_rows`` rows, in chunks; a count c_j of the m scanned rows becomes
+    c_j·S/m rows per minibatch. One plate only (``{}`` otherwise).
+
+    :return: ``({site: float array of the site's shape}, exact)``; ``exact``: every row scanned.
+    """
+    if len(potential.plates) != 1 or not sites:
+        return {}, False
+    (plate,) = potential.plates
+    n, s = plate.size, plate.subsample_size
+    m = min(n, max_rows)
+    rows = np.arange(n) if m == n else np.sort(np.random.default_rng(0).choice(n, m, replace=False))
+    args = as_jax_args((model_args, model_kwargs))
+    theta = potential.initial_params(random.key(0), *args)
+    offsets = dict(zip(potential.view.names, np.cumsum((0,) + potential.view.sizes)[:-1]))
+    sizes = dict(zip(potential.view.names, potential.view.sizes))
+    cols = np.concatenate([np.arange(offsets[k], offsets[k] + sizes[k]) for k in sites])
+    # only the array arguments are traced: the others (a Python int group count, which a plate's
+    # size needs concrete) stay as they are, as in the potential's own jitted calls
+    arrays, rebuild, _ = split_arrays(*args)
+
+    @jax.jit
+    def touched(idx, valid, arrays):
+        args = rebuild(arrays)
+        prior = jax.grad(potential.prior_potential)(theta, *args)[cols]
+
+        def one(i):
+            return jax.grad(potential.potential)(theta, {plate.name: i[None]}, *args)[cols]
+
+        lik = jax.vmap(one)(idx) - prior  # N ∇ℓ_n: the prior's part cancels to rounding
+        hit = jnp.abs(lik) > 1e-6 * jnp.abs(prior) + jnp.finfo(lik.dtype).tiny
+        return jnp.sum(hit & valid[:, None], axis=0)
+
+    counts = np.zeros(cols.shape[0], np.int64)
+    for start in range(0, m, chunk):
+        block = rows[start:start + chunk]
+        valid = np.arange(chunk) < block.shape[0]
+        idx = np.resize(block, chunk).astype(np.int32)  # the last chunk padded with its own rows
+        counts += np.asarray(touched(idx, valid, arrays))
+    per_batch = counts * (s / m)
+    out, k = {}, 0
+    for site in sites:
+        out[site] = per_batch[k:k + sizes[site]].reshape(potential.view.shapes[potential.view.names.index(site)])
+        k += sizes[site]
+    return out, m == n
