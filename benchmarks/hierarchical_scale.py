@@ -195,8 +195,8 @@ def main(argv=None):
     if args.nuts:
         draws, split = run_nuts(model, data, clock, 500, 1000)
         runs["NUTS"] = (draws, split)
-        reference = {k: (np.asarray(v).reshape(-1, *v.shape[2:]).mean(0), np.asarray(v).reshape(-1, *v.shape[2:]).std(0))
-                     for k, v in draws.items()}
+        pooled = {k: np.asarray(v).reshape(-1, *v.shape[2:]) for k, v in draws.items()}
+        reference = {k: (v.mean(0), v.std(0)) for k, v in pooled.items()}
     cell = reset_cell_peak()
     draws, split = run_group_cv(model, data, clock, args.num_warmup, args.num_samples)
     split["peak_gib"] = peak_rss_gib(cell)[1]

@@ -12,6 +12,7 @@ p(σ, τ | y) is exact on a grid at any N, and β | σ, τ, y and a_g | σ, τ, 
 import numpy as np
 from scipy.optimize import minimize
 
+
 def lmm_reference(X, g, y, groups, prior_beta=5.0, prior_scale=2.0, grid=48):
     """Exact posterior moments of the LMM (float64): p(σ, τ | y) on a grid from β and a integrated
     out, then β | σ, τ, y and a_g | σ, τ, y (Gaussian) mixed over the grid. ``{site: (mean, sd)}``."""
