@@ -176,7 +176,12 @@ def main(argv=None):
     parser.add_argument("--num-samples", type=int, default=1_000)
     parser.add_argument("--old-route", action="store_true", help="also run SGWithinGibbs(ConstantSGD(model))")
     parser.add_argument("--nuts", action="store_true", help="NUTS on all rows (the GLMM's reference)")
+    parser.add_argument("--cache", help="JAX's persistent compilation cache in this folder (run twice: the second "
+                                        "process skips XLA's compile)")
     args = parser.parse_args(argv)
+    if args.cache:
+        jax.config.update("jax_compilation_cache_dir", args.cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     clock = CompileClock()
     print(f"# {args.problem}: N = {args.n:,}, G = {args.groups:,}, D = {args.d}, S = {args.subsample_size:,}; "
           f"{platform.processor() or platform.machine()}, jax {jax.__version__}, numpyro {numpyro.__version__}")

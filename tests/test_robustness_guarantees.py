@@ -494,6 +494,9 @@ ROW_TESTS = {
         "test_native.py::test_a_cache_folder_of_another_user_is_refused"],
     "a memory-mapped file changed while the run reads it": [
         "test_streaming.py::test_a_file_changed_while_a_program_reads_it_stops_the_run"],
+    "`SGLD(model, control_variates=True)` alone on a model with group latents": [
+        "test_group_control_variates.py::test_structures_it_cannot_take_are_refused_before_sampling",
+        "test_group_control_variates.py::test_the_routes_that_do_not_apply_name_the_one_that_does"],
     "`control_variates=True` off the Gaussian regime": [
         "test_control_variates.py::test_a_posterior_far_from_gaussian_is_warned_at_the_end_of_warmup"],
     "NaN or inf data": ["test_driver.py::test_non_finite_data_are_named_before_sampling"],
@@ -540,7 +543,8 @@ ROW_TESTS = {
         "test_constant_sgd.py::test_without_warmup_no_step_is_taken_silently",
         "test_default_steps.py::test_without_warmup_no_step_is_taken_silently"],
     "`control_variates=True` or `integrator=\"exponential\"` with a given": [
-        "test_control_variates.py::test_control_variates_refuse_what_they_cannot_do"],
+        "test_control_variates.py::test_control_variates_refuse_what_they_cannot_do",
+        "test_group_control_variates.py::test_the_routes_that_do_not_apply_name_the_one_that_does"],
     "a memory-mapped argument (or `numpyro_sgd.stream(...)`) whose dtype": [
         "test_streaming.py::test_bad_files_are_refused_before_any_compute"],
     "memory-mapped arguments with `MCMC(..., jit_model_args=True)`": [
