@@ -65,7 +65,7 @@ def test_arrowhead_factor_makes_an_indefinite_matrix_positive_and_keeps_a_defini
     v = jnp.asarray(np.random.default_rng(3).normal(size=h.shape[0]), jnp.float32)
     np.testing.assert_allclose(factor(matrix).solve(layout, v), np.linalg.solve(h, np.asarray(v)), rtol=2e-3,
                                atol=2e-3)
-    bad = matrix._replace(glob=matrix.glob - 10 * jnp.eye(matrix.glob.shape[0]),
+    bad = matrix._replace(glob=matrix.glob - 10 * jnp.eye(matrix.glob.shape[0], dtype=matrix.glob.dtype),
                           local=matrix.local.at[0].set(-matrix.local[0]))
     step = factor(bad).solve(layout, v)
     assert np.all(np.isfinite(np.asarray(step)))
