@@ -54,8 +54,8 @@ def simulate(problem, n, groups, d, seed=0):
     """(arrays, truth): unbalanced groups of 50–150 rows (scaled to n rows), rows shuffled."""
     rng = np.random.default_rng(seed)
     sizes = rng.integers(50, 151, groups).astype(float)
-    sizes = np.maximum(1, np.round(sizes * n / sizes.sum())).astype(np.int64)
-    sizes[-1] += n - sizes.sum()
+    sizes = np.maximum(1, np.floor(sizes * n / sizes.sum())).astype(np.int64)
+    sizes[: n - sizes.sum()] += 1  # the rows left by the rounding, one each to the first groups
     g = rng.permutation(np.repeat(np.arange(groups), sizes)).astype(np.int32)
     X = rng.normal(size=(n, d)).astype(np.float32)
     X[:, 0] = 1.0
