@@ -198,7 +198,7 @@ def main(argv=None):
     data = tuple(jnp.asarray(a) for a in arrays)
     runs = {}
     if args.nuts:
-        draws, split = run_nuts(model, data, clock, 500, 1000)
+        draws, split = run_nuts(make_model(args.problem, args.groups, args.d, None), data, clock, 500, 1000)
         runs["NUTS"] = (draws, split)
         pooled = {k: np.asarray(v).reshape(-1, *v.shape[2:]) for k, v in draws.items()}
         reference = {k: (v.mean(0), v.std(0)) for k, v in pooled.items()}
