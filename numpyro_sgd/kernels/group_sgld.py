@@ -3,7 +3,7 @@
 
 θ = (β, a_1, …, a_G) are the data-dependent latents (global β, group a_g, :mod:`~numpyro_sgd.model.groups`),
 φ the hyperparameters the Gibbs wrapper draws given a (no data). U(θ) = L(θ) + U₀(θ; φ), L the
-likelihood, U₀ the prior. One chain, at the wrapper's current φ:
+likelihood, U₀ the prior. One chain, at the wrapper's current φ::
 
     warmup start      θ̂ ← Newton steps from θ₀ on all rows (group_newton); θ ← θ̂
     every step        B ~ the minibatch law (S rows),  d = θ − θ̂

@@ -1,7 +1,7 @@
 """Block-arrowhead symmetric matrices: the Hessian of a random-effects model.
 
 With θ = (β, a_1, …, a_G), β the D_g global coordinates and a_g the d_l coordinates of group g,
-and every row of the data reading β and one group's a_g, the Hessian of the potential is
+and every row of the data reading β and one group's a_g, the Hessian of the potential is::
 
     H = [[A,    B_1ᵀ … B_Gᵀ],          A   (D_g × D_g)   the global block
          [B_1,  C_1        ],          B_g (d_l × D_g)   group g × global
@@ -10,7 +10,7 @@ and every row of the data reading β and one group's a_g, the Hessian of the pot
 
 (zero between two groups). It is stored in that form, O(D_g² + G d_l D_g + G d_l²), never as a
 dense (D_g + G d_l)² matrix, and factored with the Schur complement on the global block
-(Golub & Van Loan, *Matrix Computations*, 4th ed., Sec. 4.2.9 and 4.5.2):
+(Golub & Van Loan, *Matrix Computations*, 4th ed., Sec. 4.2.9 and 4.5.2)::
 
     L_g = chol(C_g),   W_g = L_g⁻¹ B_g,   S = A − Σ_g W_gᵀ W_g,   L_S = chol(S),
 
