@@ -73,7 +73,7 @@ def group_sgld(potential, layout, step_size=GROUP_STEP):
     of θ (:func:`~numpyro_sgd.model.groups.group_layout`).
 
     :return: :class:`~numpyro_sgd.SGAlgorithm` with state :class:`GroupSGLDState`; one step per
-        returned sample.
+        returned sample and per warmup iteration.
     """
 
     def gradient(oracle, theta, centre, indices, prior_grad):
@@ -120,4 +120,6 @@ def group_sgld(potential, layout, step_size=GROUP_STEP):
         return (f"h {float(state.step_size):.3g}, centre λ² {float(state.centre.decrement):.2g} "
                 f"after {float(state.passes):.0f} passes")
 
-    return SGAlgorithm(init, sample_step, warmup_step=warmup_step, block=SampleBlock(steps=1), describe=describe)
+    # one step per returned sample and per warmup iteration (no steps known in advance: a warmup
+    # budget in data passes would give a warmup iteration N/S steps, for nothing the centre needs)
+    return SGAlgorithm(init, sample_step, warmup_step=warmup_step, block=SampleBlock(), describe=describe)
