@@ -108,7 +108,7 @@ def likelihood_pass(oracle, theta, layout, stride=1, block_rows=GROUP_PASS_ROWS)
 
     weight = k * size / n if whole else 1.0 / used
     shapes = jax.eval_shape(lambda: block(jnp.zeros((), jnp.int32), size, weight))
-    zero = jax.tree.map(lambda x: like(theta, jnp.zeros(x.shape, x.dtype)), shapes)
+    zero = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
     total = lax.fori_loop(0, used, lambda b, acc: jax.tree.map(jnp.add, acc, block(b * stride * size, size, weight)),
                           zero)
     if rest and whole:  # the rows after the last whole block, in a whole pass only
@@ -117,13 +117,6 @@ def likelihood_pass(oracle, theta, layout, stride=1, block_rows=GROUP_PASS_ROWS)
     prior_grad, prior_tangent = jax.linearize(jax.grad(oracle.prior_potential), theta)
     read = jnp.asarray(1.0 if whole else used * size * k / n, theta.dtype)
     return grad - prior_grad, from_probes(layout, products - jax.vmap(prior_tangent)(probe)), read
-
-
-def like(theta, x):
-    """``x``, made to depend on θ (a select that XLA removes): under ``vmap`` a loop's carry is
-    then batched from the start, and JAX batches the loop's body once instead of again each time
-    it finds another carry entry batched (which, with loops nested in loops, multiplies)."""
-    return jnp.where(jnp.isnan(theta[0]), x, x)
 
 
 def first_stride(num_rows, layout, block_rows=GROUP_PASS_ROWS):
@@ -191,9 +184,8 @@ def group_newton(oracle, theta, layout, active, max_steps=GROUP_NEWTON_STEPS, to
     unset = unset_group_centre(theta, layout)
 
     def start(position, passes):
-        carry = (jnp.zeros((), jnp.int32), jnp.zeros((), bool), position, unset.lik_grad, unset.lik_hessian,
-                 jnp.zeros_like(theta), jnp.full((), jnp.inf, dtype), jnp.asarray(radius, dtype), passes)
-        return jax.tree.map(lambda x: like(position, x), carry)
+        return (jnp.zeros((), jnp.int32), jnp.zeros((), bool), position, unset.lik_grad, unset.lik_hessian,
+                jnp.zeros_like(theta), jnp.full((), jnp.inf, dtype), jnp.asarray(radius, dtype), passes)
 
     passes = jnp.zeros((), dtype)
     if stride > 1:
