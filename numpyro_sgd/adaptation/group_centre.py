@@ -27,8 +27,9 @@ from jax import lax
 
 from ..numerics.arrowhead import Arrowhead, factor, from_probes, probes
 
-__all__ = ["GroupCentre", "unset_group_centre", "likelihood_pass", "prior_part", "group_newton",
-           "GROUP_PASS_ROWS", "GROUP_NEWTON_STEPS", "GROUP_NEWTON_TOLERANCE", "GROUP_NEWTON_RADIUS"]
+__all__ = ["GroupCentre", "unset_group_centre", "likelihood_pass", "prior_part", "first_stride", "group_newton",
+           "GROUP_PASS_ROWS", "GROUP_NEWTON_STEPS", "GROUP_NEWTON_TOLERANCE", "FIRST_PHASE_ROWS_PER_GROUP",
+           "FIRST_PHASE_TOLERANCE", "GROUP_NEWTON_RADIUS"]
 
 #: rows per block of the centre's passes: every block's gradient is a vector over all G groups,
 #: so larger blocks than a flat model's (:data:`~numpyro_sgd.numerics.row_blocks.FULL_PASS_ROWS`)
@@ -75,7 +76,7 @@ def unset_group_centre(theta, layout):
 
 
 def prior_part(oracle, theta, layout):
-    """(∇U₀(θ), ∇²U₀(θ) as an :class:`Arrowhead`): the prior and Jacobian terms, no data."""
+    """(∇U₀(θ), ∇²U₀(θ) as an :class:`~numpyro_sgd.numerics.arrowhead.Arrowhead`): the prior and Jacobian terms, no data."""
     grad, tangent = jax.linearize(jax.grad(oracle.prior_potential), theta)
     return grad, from_probes(layout, jax.vmap(tangent)(probes(layout, theta.dtype)))
 
