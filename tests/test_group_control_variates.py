@@ -4,6 +4,8 @@
 * A linear mixed model against its exact posterior (``lmm_reference``: β and the a_g integrate
   out given σ, τ; a grid over them), at 3 rows of a group per minibatch: a third of what
   ``SGWithinGibbs(ConstantSGD(model))`` needs.
+* When the centre is searched (first step, end of warmup; never while sampling) and the prior's
+  blocks (with and without a prior that couples β and a).
 * What the route refuses, before any sampling, naming the sites and the fix.
 """
 
@@ -66,7 +68,7 @@ def test_arrowhead_factor_makes_an_indefinite_matrix_positive_and_keeps_a_defini
     np.testing.assert_allclose(factor(matrix).solve(layout, v), np.linalg.solve(h, np.asarray(v)), rtol=2e-3,
                                atol=2e-3)
     bad = matrix._replace(glob=matrix.glob - 10 * jnp.eye(matrix.glob.shape[0], dtype=matrix.glob.dtype),
-                          local=matrix.local.at[0].set(-matrix.local[0]))
+                          local=matrix.local.at[:, 0].set(-matrix.local[:, 0]))
     step = factor(bad).solve(layout, v)
     assert np.all(np.isfinite(np.asarray(step)))
     assert float(v @ step) > 0  # a descent direction for a gradient v
@@ -159,3 +161,65 @@ def test_the_routes_that_do_not_apply_name_the_one_that_does():
         SGWithinGibbs(SGHMC(lmm, control_variates=True))
     with pytest.raises(ValueError, match="leave step_size and integrator to it"):
         SGWithinGibbs(SGLD(lmm, control_variates=True, integrator="euler"))
+
+
+def test_the_prior_blocks_match_the_dense_hessian_with_and_without_coupling():
+    """prior_part reads A, B and C apart; with ``cross=False`` B is taken as zero, which is
+    right only for a prior that does not couple β and a (the kernel finds which at init)."""
+    from types import SimpleNamespace
+
+    from numpyro_sgd.adaptation.group_centre import prior_part
+
+    layout = GroupLayout(np.array([6, 7, 8]), np.arange(6).reshape(3, 2))
+
+    def decoupled(t):
+        a, b = t[:6].reshape(3, 2), t[6:]
+        return jnp.sum(jnp.log1p(a**2)) + 0.5 * jnp.sum(b**2) + jnp.sum(a[:, 0] * a[:, 1])
+
+    def coupled(t):
+        a, b = t[:6].reshape(3, 2), t[6:]
+        return decoupled(t) + 0.5 * jnp.sum((a[:, 0] - b[0]) ** 2 * jnp.exp(b[1]))
+
+    theta = jax.random.normal(jax.random.key(3), (9,))
+    v = jax.random.normal(jax.random.key(4), (9,))
+    for fn, cross in ((decoupled, False), (decoupled, True), (coupled, True)):
+        grad, hessian = prior_part(SimpleNamespace(prior_potential=fn), theta, layout, cross)
+        np.testing.assert_allclose(grad, jax.grad(fn)(theta), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(hessian.matvec(layout, v), jax.hessian(fn)(theta) @ v, rtol=1e-4, atol=1e-5)
+    _, hessian = prior_part(SimpleNamespace(prior_potential=coupled), theta, layout, False)
+    assert not np.allclose(hessian.matvec(layout, v), jax.hessian(coupled)(theta) @ v, atol=1e-3)
+
+
+def coupled_lmm(X, g, y):
+    """The LMM with its intercept as the groups' mean: the prior couples β and a."""
+    beta = numpyro.sample("beta", dist.Normal(0.0, 5.0).expand([D]).to_event(1))
+    tau = numpyro.sample("tau", dist.HalfNormal(2.0))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(2.0))
+    with numpyro.plate("groups", G):
+        a = numpyro.sample("a", dist.Normal(beta[0], tau))
+    with numpyro.plate("data", X.shape[0], subsample_size=S) as idx:
+        numpyro.sample("y", dist.Normal(X[idx, 1:] @ beta[1:] + a[g[idx]], sigma), obs=y[idx])
+
+
+def test_the_centre_is_searched_at_the_first_step_and_at_the_end_of_warmup_only():
+    """Warmup and sampling are one program (the step searches when due): no search while
+    sampling, and without warmup one search at the first sampling step. The prior's coupling of
+    β and a is found at init (none in the LMM; the intercept as the groups' mean couples them)."""
+    X, g, y = (jnp.asarray(a) for a in _data())
+    kernel = SGWithinGibbs(SGLD(lmm, control_variates=True))
+    mcmc = MCMC(kernel, num_warmup=20, num_samples=30, progress_bar=False, jit_model_args=True)
+    mcmc.warmup(jax.random.key(0), X, g, y)
+    after_warmup = float(mcmc.post_warmup_state.kernel_state.inner.passes)
+    mcmc.run(jax.random.key(1), X, g, y)
+    state = mcmc.last_state.kernel_state.inner
+    assert after_warmup > 0 and float(state.passes) == after_warmup
+    assert bool(state.recentred) and float(state.centre.decrement) < 0.01
+    assert kernel._prior_cross is False
+    kernel = SGWithinGibbs(SGLD(coupled_lmm, control_variates=True))
+    cold = MCMC(kernel, num_warmup=0, num_samples=30, progress_bar=False, jit_model_args=True)
+    cold.run(jax.random.key(2), X, g, y)
+    state = cold.last_state.kernel_state.inner
+    assert float(state.passes) > 0 and float(state.centre.decrement) < 0.01 and bool(state.recentred)
+    assert all(np.all(np.isfinite(np.asarray(v))) for v in cold.get_samples().values())
+    assert int(cold.last_state.num_divergences) == 0
+    assert kernel._prior_cross is True

@@ -39,7 +39,7 @@ from numpyro import handlers
 from numpyro.infer.hmc_util import build_tree, dual_averaging, euclidean_kinetic_energy, velocity_verlet
 from numpyro.util import find_stack_level
 
-from ..data.model_args import as_jax_args
+from ..data.model_args import as_jax_args, split_arrays
 from ..driver.kernel import SGKernel
 from ..driver.wrapper import SGWrapper
 from ..model.discovery import FlatView
@@ -209,7 +209,8 @@ def z_sites(potential, hyper_names):
     return tuple(n for n in potential.view.names if n not in set(hyper_names))
 
 
-def sg_within_gibbs(inner, potential, *, hyper_names, target_accept_prob=0.8, max_tree_depth=8):
+def sg_within_gibbs(inner, potential, *, hyper_names, target_accept_prob=0.8, max_tree_depth=8,
+                    burn_in=False):
     """SG-within-Gibbs around ``inner`` (see the module docstring): the inner algorithm's steps
     move the non-hyper coordinates z with the hyper sites φ substituted at their current values,
     and one NUTS transition on φ's full conditional follows every block of SG steps (every
@@ -223,6 +224,10 @@ def sg_within_gibbs(inner, potential, *, hyper_names, target_accept_prob=0.8, ma
         (:meth:`~numpyro_sgd.SGWrapper.inner_algorithm`).
     :param potential: the full model's :class:`~numpyro_sgd.model.potential.SubsampledPotential`.
     :param tuple hyper_names: the hyper sites (validated by the caller).
+    :param bool burn_in: whether warmup may run as sampling iterations when the inner algorithm's
+        warmup is burn-in (:attr:`~numpyro_sgd.SGAlgorithm.burn_in`): φ's NUTS adapts all the same,
+        told the phase by ``end_block``'s ``sampling``; then NumPyro compiles one program for warmup
+        and sampling. False keeps a warmup program of its own.
     :return: :class:`~numpyro_sgd.SGAlgorithm` with state :class:`SGWithinGibbsState`.
     """
     hyper_idx, z_idx, hyper_view = _split_indices(potential.view, set(hyper_names))
@@ -341,8 +346,9 @@ def sg_within_gibbs(inner, potential, *, hyper_names, target_accept_prob=0.8, ma
         hyper += f", {div} φ divergences" if div else ""
         return f"{text}, {hyper}" if text else hyper
 
-    # a warmup step of its own even when the inner warmup is burn-in: φ's NUTS adapts in warmup
-    return SGAlgorithm(init, inner_step(algorithm.sample_step), warmup_step=inner_step(algorithm.step(warmup=True)),
+    # a warmup step of its own even when the inner warmup is burn-in, unless asked (burn_in)
+    warmup_step = None if burn_in and algorithm.burn_in else inner_step(algorithm.step(warmup=True))
+    return SGAlgorithm(init, inner_step(algorithm.sample_step), warmup_step=warmup_step,
                        end_warmup=end_warmup, block=algorithm.block.through(lambda s: s.inner),
                        end_block=end_block, describe=describe)
 
@@ -451,7 +457,7 @@ class SGWithinGibbs(SGWrapper):
                 "latents; use SGWithinGibbs(SGLD(model, control_variates=True)), the large-N route for random-effects "
                 f"models, or {type(kernel).__name__} with control_variates=False.")
         self._group_algorithm = kernel.group_algorithm("SGWithinGibbs") if kernel.control_variates else None
-        self._group_layout = None
+        self._group_layout = self._prior_cross = None
         if isinstance(hyper_sites, str):
             hyper_sites = (hyper_sites,)
         if hyper_sites is not None and (not isinstance(hyper_sites, (list, tuple, set, frozenset))
@@ -513,9 +519,11 @@ class SGWithinGibbs(SGWrapper):
         self._z_potential = None
         inner = self.inner_algorithm
         if self._group_algorithm is not None:
-            def inner(z_potential, layout=self._group_layout):
-                return self._group_algorithm(z_potential, layout)
-        algorithm = sg_within_gibbs(inner, potential, hyper_names=self._hyper_names, **self._nuts_options)
+            def inner(z_potential, layout=self._group_layout, prior_cross=self._prior_cross):
+                return self._group_algorithm(z_potential, layout, prior_cross=prior_cross)
+        # the group route's warmup is its sampling step (the centre found when due): one program
+        algorithm = sg_within_gibbs(inner, potential, hyper_names=self._hyper_names,
+                                    burn_in=self._group_algorithm is not None, **self._nuts_options)
         if algorithm.block.summarises:
             raise ValueError(
                 f"SGWithinGibbs: {type(self._inner).__name__}'s returned draws are averages of its iterates, not "
@@ -532,7 +540,7 @@ class SGWithinGibbs(SGWrapper):
         if conflict is not None:
             raise ValueError(f"SGWithinGibbs: {conflict}")
         if self._group_algorithm is not None:
-            self._group_layout = self._group_structure(potential, hyper, model_args, model_kwargs)
+            self._group_layout, self._prior_cross = self._group_structure(potential, hyper, model_args, model_kwargs)
             return hyper, None  # every group moves with the centre's curvature: no rows-per-group rule
         groups = _group_sites(potential, hyper, model_args, model_kwargs, deps)
         sparse = _sparse_groups(groups, potential)
@@ -550,7 +558,8 @@ class SGWithinGibbs(SGWrapper):
         return hyper, _sparse_group_message(potential, list(groups), model_args, model_kwargs)
 
     def _group_structure(self, potential, hyper, model_args, model_kwargs):
-        """The :class:`~numpyro_sgd.numerics.arrowhead.GroupLayout` of the non-hyper sites, checked on the rows
+        """The :class:`~numpyro_sgd.numerics.arrowhead.GroupLayout` of the non-hyper sites, checked on the rows,
+        and whether their prior couples the global and the group coordinates
         (:func:`~numpyro_sgd.model.groups.check_one_group_per_row`)."""
         name = "SGWithinGibbs(SGLD(control_variates=True))"
         if self._driver.mesh is not None:
@@ -562,9 +571,10 @@ class SGWithinGibbs(SGWrapper):
             raise ValueError(
                 f"{name}: the model has no group latents (latent sites in a plate that is not subsampled, read as "
                 "a[g[idx]] in the data plate); use SGWithinGibbs(ConstantSGD(model)).")
-        args, kwargs = as_jax_args((model_args, model_kwargs))
-        theta = potential.initial_params(random.key(0), args, kwargs)
+        # one compiled trace of the model (traced eagerly, each of its operations compiled apart: 1.6 s)
+        arrays, rebuild, _ = split_arrays(*as_jax_args((model_args, model_kwargs)))
+        theta = jax.jit(lambda arrays: potential.initial_params(random.key(0), *rebuild(arrays)))(arrays)
         hyper_idx, z_idx, hyper_view = _split_indices(potential.view, set(hyper))
         params = {k: potential.transforms[k](v) for k, v in hyper_view.unravel(theta[hyper_idx]).items()}
-        check_one_group_per_row(z_potential, sites, theta[z_idx], model_args, model_kwargs, params, name)
-        return sites.layout
+        prior_cross = check_one_group_per_row(z_potential, sites, theta[z_idx], model_args, model_kwargs, params, name)
+        return sites.layout, prior_cross

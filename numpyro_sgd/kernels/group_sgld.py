@@ -5,13 +5,13 @@
 φ the hyperparameters the Gibbs wrapper draws given a (no data). U(θ) = L(θ) + U₀(θ; φ), L the
 likelihood, U₀ the prior. One chain, at the wrapper's current φ::
 
-    warmup start      θ̂ ← Newton steps from θ₀ on all rows (group_newton); θ ← θ̂
+    first step        θ̂ ← Newton steps from θ₀ on all rows (group_newton); θ ← θ̂
     every step        B ~ the minibatch law (S rows),  d = θ − θ̂
                       ĝ = ∇U₀(θ; φ) + ∇L(θ̂) + ∇²L(θ̂) d
                           + (N/S) Σ_{i∈B} [∇ℓ_i(θ) − ∇ℓ_i(θ̂) − ∇²ℓ_i(θ̂) d]             (1)
                       H = ∇²L(θ̂) + ∇²U₀(θ; φ) = L Lᵀ      (block-arrowhead, numerics.arrowhead)
                       θ ← θ − (1 − e^{−h}) H⁻¹ ĝ + √(1 − e^{−2h}) L⁻ᵀ ξ,  ξ ~ N(0, I)      (2)
-    last warmup step  θ̂ ← Newton steps from θ (φ is then near its posterior)
+    last warmup step  θ̂ ← Newton steps from θ (φ is then near its posterior; none without warmup)
 
 (1) is the control-variate gradient of Baker, Fearnhead, Fox & Nemeth (2019, Eq. 5) with the
 second-order term of the Taylor expansion about θ̂ added and subtracted: E_B[(N/S) Σ_B ∇²ℓ_i(θ̂)]
@@ -67,10 +67,11 @@ class GroupSGLDState(NamedTuple):
     passes: jnp.ndarray
 
 
-def group_sgld(potential, layout, step_size=GROUP_STEP):
+def group_sgld(potential, layout, step_size=GROUP_STEP, prior_cross=True):
     """The algorithm of the module docstring on ``potential`` (the data-dependent latents θ; the
     wrapper substitutes φ), with ``layout`` the :class:`~numpyro_sgd.numerics.arrowhead.GroupLayout`
-    of θ (:func:`~numpyro_sgd.model.groups.group_layout`).
+    of θ (:func:`~numpyro_sgd.model.groups.group_layout`). ``prior_cross``: whether the prior
+    couples the global and the group coordinates (:func:`~numpyro_sgd.adaptation.group_centre.prior_part`).
 
     :return: :class:`~numpyro_sgd.SGAlgorithm` with state :class:`GroupSGLDState`; one step per
         returned sample and per warmup iteration.
@@ -92,10 +93,11 @@ def group_sgld(potential, layout, step_size=GROUP_STEP):
         return GroupSGLDState(unset_group_centre(theta, layout), jnp.asarray(step_size, theta.dtype), zero, zero,
                               jnp.zeros((), theta.dtype))
 
-    def sample_step(rng_key, i, theta, state, oracle):
+    def advance(rng_key, theta, state, oracle):
+        """One step of (1)–(2) from θ with the centre in ``state``."""
         k_batch, k_noise = random.split(rng_key)
         indices = oracle.draw(k_batch)
-        prior_grad, prior_hessian = prior_part(oracle, theta, layout)
+        prior_grad, prior_hessian = prior_part(oracle, theta, layout, prior_cross)
         pe, grad = gradient(oracle, theta, state.centre, indices, prior_grad)
         pe = pe + oracle.prior_potential(theta)
         chol = factor(state.centre.lik_hessian + prior_hessian)
@@ -105,21 +107,24 @@ def group_sgld(potential, layout, step_size=GROUP_STEP):
                  + jnp.sqrt(1.0 - decay**2) * chol.sample(layout, noise))
         return theta, state, StepInfo(pe, 2 * oracle.batch_size, indices, True)
 
-    def warmup_step(rng_key, i, theta, state, oracle):
+    def step(rng_key, i, theta, state, oracle):
+        # the centre at the first step, and again at the last warmup step (the first step when
+        # there is no warmup); a loop that stops at once otherwise, so warmup and sampling are one
+        # step and NumPyro compiles one program for both
         last = oracle.step + 1 >= oracle.num_warmup_steps
         first = ~state.centred
         active = first | (last & ~state.recentred)
-        found = group_newton(oracle, theta, layout, active)
-        centre = jax.tree.map(lambda a, b: jnp.where(active, a, b), found, state.centre)
+        centre = group_newton(oracle, theta, layout, active, state.centre)  # state.centre where not active
         theta = jnp.where(first, centre.position, theta)  # from the initial point to the mode; later the chain stays
-        state = state._replace(centre=centre, centred=jnp.ones((), bool), recentred=state.recentred | (active & ~first),
-                               passes=state.passes + jnp.where(active, found.passes, 0.0))
-        return sample_step(rng_key, i, theta, state, oracle)
+        state = state._replace(centre=centre, centred=jnp.ones((), bool), recentred=state.recentred | (active & last),
+                               passes=state.passes + centre.passes)
+        return advance(rng_key, theta, state, oracle)
 
     def describe(state):
         return (f"h {float(state.step_size):.3g}, centre λ² {float(state.centre.decrement):.2g} "
                 f"after {float(state.passes):.0f} passes")
 
     # one step per returned sample and per warmup iteration (no steps known in advance: a warmup
-    # budget in data passes would give a warmup iteration N/S steps, for nothing the centre needs)
-    return SGAlgorithm(init, sample_step, warmup_step=warmup_step, block=SampleBlock(), describe=describe)
+    # budget in data passes would give a warmup iteration N/S steps, for nothing the centre needs);
+    # warmup is burn-in: the same step, which finds the centre when it is due
+    return SGAlgorithm(init, step, block=SampleBlock(), describe=describe)

@@ -12,16 +12,14 @@ couples the groups, does not), before any sampling.
 
 from __future__ import annotations
 
-import warnings
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import random
-from numpyro import handlers
 
 from ..data.model_args import as_jax_args, split_arrays
 from ..numerics.arrowhead import GroupLayout, from_probes, probes
+from .structure import abstract_trace
 
 __all__ = ["GroupSites", "group_layout", "check_one_group_per_row", "CHECK_ROWS", "rows_per_group", "GROUP_SCAN_ROWS"]
 
@@ -45,13 +43,6 @@ class GroupSites:
         self.layout = layout
 
 
-def _trace(model, model_args, model_kwargs):
-    args, kwargs = as_jax_args((model_args, model_kwargs))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return handlers.trace(handlers.seed(model, 0)).get_trace(*args, **kwargs)
-
-
 def group_layout(potential, model_args, model_kwargs, name):
     """:class:`GroupSites` of ``potential``'s latent sites (its ``view``), or None when no latent
     site lies in a plate that is not subsampled.
@@ -59,7 +50,7 @@ def group_layout(potential, model_args, model_kwargs, name):
     Raises, naming the sites, when the group sites lie in two plates (crossed effects), in nested
     plates, or do not have the group plate as their first axis.
     """
-    tr = _trace(potential.model, model_args, model_kwargs)
+    tr = abstract_trace(potential.model, model_args, model_kwargs)
     subsampled = {p.name for p in potential.plates}
     frames = {}
     for site in potential.view.names:
@@ -112,6 +103,10 @@ def check_one_group_per_row(potential, sites, theta, model_args, model_kwargs, p
     coordinates (crossed or multi-membership effects), or a prior that couples groups, fails.
 
     :param params: constrained values of the sites ``potential`` does not sample (the hyperparameters).
+    :return: whether the prior couples the global and the group coordinates (its global × group
+        block is not zero at θ and at a random point beside it; an analytic function whose mixed
+        derivative is not zero everywhere vanishes on a set of measure zero), so that
+        :func:`~numpyro_sgd.adaptation.group_centre.prior_part` must read that block at every step.
     """
     (plate,) = potential.plates
     n = plate.size
@@ -139,9 +134,11 @@ def check_one_group_per_row(potential, sites, theta, model_args, model_kwargs, p
             exact = hvp(direction)
             assembled = from_probes(layout, jax.vmap(hvp)(probe)).matvec(layout, direction)
             out.append(jnp.linalg.norm(exact - assembled) / jnp.maximum(jnp.linalg.norm(exact), 1e-30))
-        return jnp.stack(out)
+        coupling = [jnp.max(jnp.abs(from_probes(layout, jax.vmap(jax.linearize(jax.grad(prior), t)[1])(probe)).cross),
+                            initial=0.0) for t in (theta, theta + direction)]
+        return jnp.stack(out), jnp.max(jnp.stack(coupling))
 
-    lik, pri = np.asarray(mismatch(theta, arrays, jnp.asarray(idx)))
+    (lik, pri), coupling = jax.tree.map(np.asarray, mismatch(theta, arrays, jnp.asarray(idx)))
     for what, value in (("the likelihood of a row", lik), ("the prior", pri)):
         if not value <= 1e-3:
             raise ValueError(
@@ -151,6 +148,7 @@ def check_one_group_per_row(potential, sites, theta, model_args, model_kwargs, p
                 "read one group (a[g[idx]]) and the groups to be independent given the hyperparameters; a crossed "
                 "or multi-membership effect, or a prior that correlates the groups, is not covered. Use "
                 "SGWithinGibbs(ConstantSGD(model)) or NUTS.")
+    return bool(coupling > 0)
 
 
 #: rows of a one-plate model scanned at init to count each group's rows (all of them when N is at

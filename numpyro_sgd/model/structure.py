@@ -27,8 +27,8 @@ from numpyro.primitives import Messenger
 from ..data.model_args import as_jax_args
 from .potential import SubsampledPotential
 
-__all__ = ["centre_loc_scale", "hyper_candidates", "prior_dependencies", "latent_parents_of_data", "classify_sites",
-           "support_parents", "support_conflict"]
+__all__ = ["abstract_trace", "centre_loc_scale", "hyper_candidates", "prior_dependencies", "latent_parents_of_data",
+           "classify_sites", "support_parents", "support_conflict"]
 
 
 class _WithoutLocScale:
@@ -200,6 +200,37 @@ def classify_sites(potential, model_args, model_kwargs, deps=None):
     return sorted(n for n in potential.view.names if n not in parents), parents
 
 
+def abstract_trace(model, model_args, model_kwargs, substitute_fn=None):
+    """``{site: {"type", "is_observed", "cond_indep_stack", "value"}}`` of one trace of ``model``
+    (seeded with 0, values from ``substitute_fn`` where given) with each value a
+    ``jax.ShapeDtypeStruct``: traced under ``jax.make_jaxpr``, so that no array is computed and no
+    XLA program compiled (an eager trace of a model on 10⁶ rows compiled each of its operations,
+    3 s). A model that needs concrete values while it runs (Python control flow on an array) is
+    traced eagerly instead."""
+    args, kwargs = as_jax_args((model_args, model_kwargs))
+    fn = handlers.seed(model, 0)
+    if substitute_fn is not None:
+        fn = handlers.substitute(fn, substitute_fn=substitute_fn)
+    sites = {}
+
+    def record():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tr = handlers.trace(fn).get_trace(*args, **kwargs)
+        sites.update({k: {"type": v["type"], "is_observed": v.get("is_observed", False),
+                          "cond_indep_stack": v.get("cond_indep_stack", ()),
+                          "value": jax.ShapeDtypeStruct(jnp.shape(v["value"]), jnp.result_type(v["value"]))}
+                      for k, v in tr.items() if v["type"] in ("sample", "deterministic", "plate", "param")})
+        return 0
+
+    try:
+        jax.make_jaxpr(record)()
+    except (jax.errors.JAXTypeError, jax.errors.JAXIndexError):
+        sites.clear()
+        record()
+    return sites
+
+
 def support_parents(model, model_args, model_kwargs, sites):
     """``{site: latent sites its support depends on}`` for the latent ``sites`` of ``model``.
 
@@ -213,9 +244,7 @@ def support_parents(model, model_args, model_kwargs, sites):
     """
     args, kwargs = as_jax_args((model_args, model_kwargs))
     seeded = handlers.seed(model, 0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        tr = handlers.trace(handlers.substitute(seeded, substitute_fn=init_to_sample)).get_trace(*args, **kwargs)
+    tr = abstract_trace(model, model_args, model_kwargs, substitute_fn=init_to_sample)
     values = {k: v["value"] for k, v in tr.items() if v["type"] == "sample" and not v["is_observed"]}
 
     def unconstrained(**latent):
