@@ -127,7 +127,7 @@ def accurate(ess, mean_err, sd_err, g_mean, g_sd):
 
 
 # --------------------------------------------------------------------------- runs
-def run_group_cv(model, data, clock, num_warmup, num_samples):
+def run_group_cv(model, data, clock, num_warmup, num_samples, split_run=True):
     """``SGWithinGibbs(SGLD(model, control_variates=True))``: one ``mcmc.run`` from a cold start
     (what a user waits for: its wall and its compile; its draws are scored), then, with a second
     ``MCMC``, ``mcmc.warmup`` (the centre, then warmup steps with φ's NUTS adapting) and
@@ -145,6 +145,8 @@ def run_group_cv(model, data, clock, num_warmup, num_samples):
     state = mcmc.last_state
     centre = float(np.sum(np.asarray(state.kernel_state.inner.passes)))
     passes = float(np.sum(np.asarray(state.data_passes)))
+    if not split_run:
+        return draws, dict(compile_s=compile_s, wall_s=wall, centre_passes=centre, sg_passes=passes)
     t0, c0 = time.perf_counter(), clock.seconds
     split = make()
     split.warmup(jax.random.key(1), *data)
@@ -191,7 +193,8 @@ def main(argv=None):
     parser.add_argument("--old-route", action="store_true", help="also run SGWithinGibbs(ConstantSGD(model))")
     parser.add_argument("--nuts", action="store_true", help="NUTS on all rows (the GLMM's reference)")
     parser.add_argument("--no-reference", action="store_true",
-                        help="skip the exact reference and the scores: the peak memory is then the run's alone")
+                        help="skip the exact reference, the scores and the second (split) run: the peak memory "
+                             "is then one mcmc.run's")
     parser.add_argument("--cache", help="JAX's persistent compilation cache in this folder (run twice: the second "
                                         "process skips XLA's compile)")
     args = parser.parse_args(argv)
@@ -219,7 +222,8 @@ def main(argv=None):
         pooled = {k: np.asarray(v).reshape(-1, *v.shape[2:]) for k, v in draws.items()}
         reference = {k: (v.mean(0), v.std(0)) for k, v in pooled.items()}
     cell = reset_cell_peak()
-    draws, split = run_group_cv(model, data, clock, args.num_warmup, args.num_samples)
+    draws, split = run_group_cv(model, data, clock, args.num_warmup, args.num_samples,
+                                split_run=not args.no_reference)
     split["peak_gib"] = peak_rss_gib(cell)[1]
     runs["SGLD-CV (group latents)"] = (draws, split)
     if args.old_route:
