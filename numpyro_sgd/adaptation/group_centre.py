@@ -66,7 +66,7 @@ class GroupCentre(NamedTuple):
     lik_hessian: Arrowhead
     #: λ² where the Newton steps stopped (NaN: no finite point)
     decrement: jnp.ndarray
-    #: data passes the Newton steps took
+    #: data passes the Newton steps took (0 from a call where no search was due)
     passes: jnp.ndarray
 
 
