@@ -106,8 +106,7 @@ def prior_part(oracle, theta, layout, cross=True):
     glob = along_beta(0)
     cross = along_beta(1) if cross else jnp.zeros((beta.shape[0], *a.shape), theta.dtype)
     local = jnp.stack([along_a(k) for k in range(a.shape[1])])
-    hessian = Arrowhead(0.5 * (glob + glob.T), cross, 0.5 * (local + jnp.swapaxes(local, 0, 2)))
-    return layout.join(grad_beta, grad_a), hessian
+    return layout.join(grad_beta, grad_a), Arrowhead.symmetrised(glob, cross, local)
 
 
 def likelihood_pass(oracle, theta, layout, stride=1, block_rows=GROUP_PASS_ROWS):

@@ -117,6 +117,12 @@ class Arrowhead(NamedTuple):
     #: C (d_l, G, d_l): C[k, g, k'] = H[(g, k'), (g, k)]
     local: jnp.ndarray
 
+    @classmethod
+    def symmetrised(cls, glob, cross, local):
+        """The arrowhead with A and every C_g replaced by their symmetric parts (blocks read from
+        Hessian-vector products are symmetric up to rounding)."""
+        return cls(0.5 * (glob + glob.T), cross, 0.5 * (local + jnp.swapaxes(local, 0, 2)))
+
     def __add__(self, other):
         return Arrowhead(self.glob + other.glob, self.cross + other.cross, self.local + other.local)
 
@@ -145,7 +151,7 @@ def from_probes(layout, products):
     d_g = layout.global_index.shape[0]
     glob_rows, local_rows = jax.vmap(layout.split)(products)  # (P, D_g), (P, G, d_l)
     glob, local = glob_rows[:d_g], local_rows[d_g:]
-    return Arrowhead(0.5 * (glob + glob.T), local_rows[:d_g], 0.5 * (local + jnp.swapaxes(local, 0, 2)))
+    return Arrowhead.symmetrised(glob, local_rows[:d_g], local)
 
 
 def _small_cholesky(c):
