@@ -9,6 +9,11 @@ Problems (float32, fixed seeds, groups of 50–150 rows in random order of rows)
   (:func:`lmm_reference`, float64).
 * ``glmm``: a random-intercept-and-slope logistic regression, y ~ Bernoulli(σ(X β + a_g + b_g
   x_1)), a_g ~ N(0, τ_a²), b_g ~ N(0, τ_b²); its reference is NUTS on all rows (``--nuts``).
+* ``horseshoe``: a linear regression with p = ``--d`` coefficients under the horseshoe
+  (Carvalho, Polson & Scott 2010): β_j ~ N(0, τ² λ_j²), λ_j, τ ~ HalfCauchy(1), σ ~
+  HalfNormal(2), ten non-zero β_j; no groups (``--groups`` is ignored): every row reads all of β,
+  whose plate becomes global coordinates, and (λ, τ) are the hyper sites φ's NUTS draws given β.
+  Its reference is NUTS on all rows (``--nuts``); scored on log τ, log λ_j, σ and β_j.
 
 Reported: the end-to-end wall of one ``mcmc.run`` from a cold start (from building the kernel
 to draws in hand; its draws are the ones scored) and its compile seconds (``CompileClock``);
@@ -22,6 +27,8 @@ within 20 % (every group).
     python benchmarks/hierarchical_scale.py --problem lmm --n 1000000 --groups 10000
     python benchmarks/hierarchical_scale.py --problem lmm --n 10000000 --groups 100000
     python benchmarks/hierarchical_scale.py --problem glmm --n 100000 --groups 1000 --nuts
+    python benchmarks/hierarchical_scale.py --problem horseshoe --n 20000 --d 100 --nuts
+    python benchmarks/hierarchical_scale.py --problem horseshoe --n 1000000 --d 1000 --no-reference
 """
 
 from __future__ import annotations
@@ -53,8 +60,14 @@ MIN_ESS, MEAN_TOL, SD_TOL, GROUP_MEAN_TOL, GROUP_SD_TOL = 400, 0.15, 0.15, 0.2, 
 
 # --------------------------------------------------------------------------- problems
 def simulate(problem, n, groups, d, seed=0):
-    """(arrays, truth): unbalanced groups of 50–150 rows (scaled to n rows), rows shuffled."""
+    """(arrays, truth): unbalanced groups of 50–150 rows (scaled to n rows), rows shuffled; for the
+    horseshoe, (X, y) with ten non-zero coefficients."""
     rng = np.random.default_rng(seed)
+    if problem == "horseshoe":
+        X = rng.normal(size=(n, d)).astype(np.float32)
+        beta = np.zeros(d, np.float32)
+        beta[:10] = [3.0, -2.0, 1.5, -1.0, 0.5, 0.3, -0.2, 0.1, 0.05, -0.03][:d]
+        return (X, (X @ beta + rng.normal(size=n)).astype(np.float32)), dict(beta=beta, sigma=1.0)
     sizes = rng.integers(50, 151, groups).astype(float)
     sizes = np.maximum(1, np.floor(sizes * n / sizes.sum())).astype(np.int64)
     sizes[: n - sizes.sum()] += 1  # the rows left by the rounding, one each to the first groups
@@ -96,7 +109,25 @@ def make_model(problem, groups, d, s):
             gi = g[idx]
             numpyro.sample("y", dist.Bernoulli(logits=x @ beta + a[gi] + b[gi] * x[:, 1]), obs=y[idx])
 
-    return lmm if problem == "lmm" else glmm
+    def horseshoe(X, y):
+        tau = numpyro.sample("tau", dist.HalfCauchy(1.0))
+        sigma = numpyro.sample("sigma", dist.HalfNormal(PRIOR_SCALE))
+        with numpyro.plate("coef", d):
+            lam = numpyro.sample("lam", dist.HalfCauchy(1.0))
+            beta = numpyro.sample("beta", dist.Normal(0.0, tau * lam))
+        with numpyro.plate("data", X.shape[0], subsample_size=s) as idx:
+            numpyro.sample("y", dist.Normal(X[idx] @ beta, sigma), obs=y[idx])
+
+    return dict(lmm=lmm, glmm=glmm, horseshoe=horseshoe)[problem]
+
+
+def on_scored_scale(problem, draws):
+    """The horseshoe's scales on the log scale (``log_tau``, ``log_lam``), where they are scored."""
+    if problem != "horseshoe":
+        return draws
+    out = {k: v for k, v in draws.items() if k not in ("tau", "lam")}
+    return dict(out, log_tau=np.log(np.asarray(draws["tau"], np.float64)),
+                log_lam=np.log(np.asarray(draws["lam"], np.float64)))
 
 
 # --------------------------------------------------------------------------- scoring
@@ -172,9 +203,9 @@ def run_old_route(model, data, clock, num_warmup, num_samples):
     return draws, dict(compile_s=clock.seconds - c0, wall_s=t1 - t0, sg_passes=passes)
 
 
-def run_nuts(model, data, clock, num_warmup, num_samples):
+def run_nuts(model, data, clock, num_warmup, num_samples, target_accept_prob=0.8):
     t0, c0 = time.perf_counter(), clock.seconds
-    mcmc = MCMC(NUTS(model), num_warmup=num_warmup, num_samples=num_samples, num_chains=2, chain_method="vectorized",
+    mcmc = MCMC(NUTS(model, target_accept_prob=target_accept_prob), num_warmup=num_warmup, num_samples=num_samples, num_chains=2, chain_method="vectorized",
                 progress_bar=False, jit_model_args=True)
     mcmc.run(jax.random.key(4), *data)
     draws = jax.block_until_ready(mcmc.get_samples(group_by_chain=True))
@@ -183,7 +214,7 @@ def run_nuts(model, data, clock, num_warmup, num_samples):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--problem", choices=("lmm", "glmm"), default="lmm")
+    parser.add_argument("--problem", choices=("lmm", "glmm", "horseshoe"), default="lmm")
     parser.add_argument("--n", type=int, default=1_000_000)
     parser.add_argument("--groups", type=int, default=10_000)
     parser.add_argument("--d", type=int, default=10)
@@ -207,7 +238,8 @@ def main(argv=None):
     arrays, truth = simulate(args.problem, args.n, args.groups, args.d)
     data_bytes = sum(a.nbytes for a in arrays)
     model = make_model(args.problem, args.groups, args.d, args.subsample_size)
-    globals_ = ("beta", "sigma", "tau") if args.problem == "lmm" else ("beta", "tau_a", "tau_b")
+    globals_ = dict(lmm=("beta", "sigma", "tau"), glmm=("beta", "tau_a", "tau_b"),
+                    horseshoe=("log_tau", "sigma"))[args.problem]
     reference = None
     if args.problem == "lmm" and not args.no_reference:
         t = time.perf_counter()
@@ -217,13 +249,16 @@ def main(argv=None):
     data = tuple(jnp.asarray(a) for a in arrays)
     runs = {}
     if args.nuts:
-        draws, split = run_nuts(make_model(args.problem, args.groups, args.d, None), data, clock, 500, 1000)
+        draws, split = run_nuts(make_model(args.problem, args.groups, args.d, None), data, clock, 500, 1000,
+                                target_accept_prob=0.95 if args.problem == "horseshoe" else 0.8)
+        draws = on_scored_scale(args.problem, draws)
         runs["NUTS"] = (draws, split)
         pooled = {k: np.asarray(v).reshape(-1, *v.shape[2:]) for k, v in draws.items()}
         reference = {k: (v.mean(0), v.std(0)) for k, v in pooled.items()}
     cell = reset_cell_peak()
     draws, split = run_group_cv(model, data, clock, args.num_warmup, args.num_samples,
                                 split_run=not args.no_reference)
+    draws = on_scored_scale(args.problem, draws)
     split["peak_gib"] = peak_rss_gib(cell)[1]
     runs["SGLD-CV (group latents)"] = (draws, split)
     if args.old_route:

@@ -105,7 +105,8 @@ def prior_part(oracle, theta, layout, cross=True):
 
     glob = along_beta(0)
     cross = along_beta(1) if cross else jnp.zeros((beta.shape[0], *a.shape), theta.dtype)
-    local = jnp.stack([along_a(k) for k in range(a.shape[1])])
+    local = (jnp.stack([along_a(k) for k in range(a.shape[1])]) if a.shape[1]
+             else jnp.zeros((0, *a.shape), theta.dtype))  # no group latents (a shrinkage regression)
     return layout.join(grad_beta, grad_a), Arrowhead.symmetrised(glob, cross, local)
 
 

@@ -43,7 +43,8 @@ from ..data.model_args import as_jax_args, split_arrays
 from ..driver.kernel import SGKernel
 from ..driver.wrapper import SGWrapper
 from ..model.discovery import FlatView
-from ..model.groups import GROUP_SCAN_ROWS, check_one_group_per_row, group_layout, rows_per_group
+from ..model.groups import (GROUP_SCAN_ROWS, MAX_WHOLE_DIM, check_one_group_per_row, group_layout, plates_read_whole,
+                            rows_per_group)
 from ..model.structure import centre_loc_scale, classify_sites, prior_dependencies, support_conflict
 from ..protocol import SGAlgorithm
 
@@ -576,5 +577,21 @@ class SGWithinGibbs(SGWrapper):
         theta = jax.jit(lambda arrays: potential.initial_params(random.key(0), *rebuild(arrays)))(arrays)
         hyper_idx, z_idx, hyper_view = _split_indices(potential.view, set(hyper))
         params = {k: potential.transforms[k](v) for k, v in hyper_view.unravel(theta[hyper_idx]).items()}
-        prior_cross = check_one_group_per_row(z_potential, sites, theta[z_idx], model_args, model_kwargs, params, name)
+        try:
+            prior_cross = check_one_group_per_row(z_potential, sites, theta[z_idx], model_args, model_kwargs, params,
+                                                  name)
+        except ValueError:
+            # a plate of coefficients that every row reads (a shrinkage regression's β): global coordinates
+            whole = plates_read_whole(potential, sites, model_args, model_kwargs)
+            if not whole:
+                raise
+            sites = group_layout(z_potential, model_args, model_kwargs, name, read_whole=whole)
+            dim = sites.layout.global_index.shape[0]
+            if dim > MAX_WHOLE_DIM:
+                raise ValueError(
+                    f"{name}: every row reads the whole of plate '{whole[0]}', so its latents are global coordinates, "
+                    f"{dim} of them; their curvature is a dense {dim} × {dim} block factored at every step, beyond "
+                    f"the {MAX_WHOLE_DIM} this route takes. Use SGWithinGibbs(ConstantSGD(model)).") from None
+            prior_cross = check_one_group_per_row(z_potential, sites, theta[z_idx], model_args, model_kwargs, params,
+                                                  name)
         return sites.layout, prior_cross
