@@ -233,7 +233,8 @@ def main(argv=None):
         jax.config.update("jax_compilation_cache_dir", args.cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     clock = CompileClock()
-    print(f"# {args.problem}: N = {args.n:,}, G = {args.groups:,}, D = {args.d}, S = {args.subsample_size:,}; "
+    sizes = f"p = {args.d}" if args.problem == "horseshoe" else f"G = {args.groups:,}, D = {args.d}"
+    print(f"# {args.problem}: N = {args.n:,}, {sizes}, S = {args.subsample_size:,}; "
           f"{platform.processor() or platform.machine()}, jax {jax.__version__}, numpyro {numpyro.__version__}")
     arrays, truth = simulate(args.problem, args.n, args.groups, args.d)
     data_bytes = sum(a.nbytes for a in arrays)

@@ -314,5 +314,24 @@ def test_too_many_coefficients_read_whole_are_refused(monkeypatch):
     rng = np.random.default_rng(6)
     X, y = jnp.asarray(rng.normal(size=(500, 50)), jnp.float32), jnp.asarray(rng.normal(size=500), jnp.float32)
     mcmc = MCMC(SGWithinGibbs(SGLD(ridge, control_variates=True)), num_warmup=5, num_samples=5, progress_bar=False)
-    with pytest.raises(ValueError, match=r"every row reads the whole of plate 'coef'.*50 of them.*beyond the 40"):
+    with pytest.raises(ValueError, match=r"every row reads the whole of plate .coef., so 50 latent coordinates are "
+                                         r"global.*beyond the 40"):
         mcmc.run(jax.random.key(0), X, y)
+
+
+def ridge_without_plate(X, y):
+    tau = numpyro.sample("tau", dist.HalfNormal(1.0))
+    beta = numpyro.sample("beta", dist.Normal(0.0, tau).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0], subsample_size=100) as idx:
+        numpyro.sample("y", dist.Normal(X[idx] @ beta, 1.0), obs=y[idx])
+
+
+def test_a_model_without_a_group_plate_runs_with_every_latent_global():
+    rng = np.random.default_rng(7)
+    X = jnp.asarray(rng.normal(size=(500, 4)), jnp.float32)
+    y = jnp.asarray(X @ np.ones(4) + rng.normal(size=500), jnp.float32)
+    kernel = SGWithinGibbs(SGLD(ridge_without_plate, control_variates=True))
+    mcmc = MCMC(kernel, num_warmup=20, num_samples=50, progress_bar=False)
+    mcmc.run(jax.random.key(0), X, y)
+    assert kernel._group_layout.num_groups == 0 and kernel._group_layout.global_index.size == 4
+    assert np.all(np.isfinite(np.asarray(mcmc.get_samples()["beta"])))

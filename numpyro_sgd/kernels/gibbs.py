@@ -43,8 +43,8 @@ from ..data.model_args import as_jax_args, split_arrays
 from ..driver.kernel import SGKernel
 from ..driver.wrapper import SGWrapper
 from ..model.discovery import FlatView
-from ..model.groups import (GROUP_SCAN_ROWS, MAX_WHOLE_DIM, check_one_group_per_row, group_layout, plates_read_whole,
-                            rows_per_group)
+from ..model.groups import (GROUP_SCAN_ROWS, MAX_WHOLE_DIM, check_one_group_per_row, global_only, group_layout,
+                            plates_read_whole, rows_per_group)
 from ..model.structure import centre_loc_scale, classify_sites, prior_dependencies, support_conflict
 from ..protocol import SGAlgorithm
 
@@ -354,6 +354,18 @@ def sg_within_gibbs(inner, potential, *, hyper_names, target_accept_prob=0.8, ma
                        end_block=end_block, describe=describe)
 
 
+def _few_enough(sites, name, why):
+    """``sites``, unless its global coordinates are more than
+    :data:`~numpyro_sgd.model.groups.MAX_WHOLE_DIM` (their curvature is a dense block)."""
+    dim = sites.layout.global_index.shape[0]
+    if dim > MAX_WHOLE_DIM:
+        raise ValueError(
+            f"{name}: {why}, so {dim} latent coordinates are global; their curvature is a dense {dim} × {dim} block "
+            f"factored at every step, beyond the {MAX_WHOLE_DIM} this route takes. Use "
+            "SGWithinGibbs(ConstantSGD(model)).")
+    return sites
+
+
 class SGWithinGibbs(SGWrapper):
     """Stochastic gradients for the data-dependent latents, exact NUTS for the hyperparameters.
 
@@ -568,10 +580,8 @@ class SGWithinGibbs(SGWrapper):
                              "(their centre's pass is not reduced across devices); run on one device.")
         z_potential = potential.restricted(z_sites(potential, hyper))
         sites = group_layout(z_potential, model_args, model_kwargs, name)
-        if sites is None:
-            raise ValueError(
-                f"{name}: the model has no group latents (latent sites in a plate that is not subsampled, read as "
-                "a[g[idx]] in the data plate); use SGWithinGibbs(ConstantSGD(model)).")
+        if sites is None:  # no group plate: every latent is global (a flat regression under a learned prior scale)
+            sites = _few_enough(global_only(z_potential), name, "the model has no group plate")
         # one compiled trace of the model (traced eagerly, each of its operations compiled apart: 1.6 s)
         arrays, rebuild, _ = split_arrays(*as_jax_args((model_args, model_kwargs)))
         theta = jax.jit(lambda arrays: potential.initial_params(random.key(0), *rebuild(arrays)))(arrays)
@@ -582,16 +592,11 @@ class SGWithinGibbs(SGWrapper):
                                                   name)
         except ValueError:
             # a plate of coefficients that every row reads (a shrinkage regression's β): global coordinates
-            whole = plates_read_whole(potential, sites, model_args, model_kwargs)
+            whole = plates_read_whole(potential, sites, model_args, model_kwargs) if sites.num_groups else ()
             if not whole:
                 raise
-            sites = group_layout(z_potential, model_args, model_kwargs, name, read_whole=whole)
-            dim = sites.layout.global_index.shape[0]
-            if dim > MAX_WHOLE_DIM:
-                raise ValueError(
-                    f"{name}: every row reads the whole of plate '{whole[0]}', so its latents are global coordinates, "
-                    f"{dim} of them; their curvature is a dense {dim} × {dim} block factored at every step, beyond "
-                    f"the {MAX_WHOLE_DIM} this route takes. Use SGWithinGibbs(ConstantSGD(model)).") from None
+            sites = _few_enough(group_layout(z_potential, model_args, model_kwargs, name, read_whole=whole), name,
+                                f"every row reads the whole of plate '{whole[0]}'")
             prior_cross = check_one_group_per_row(z_potential, sites, theta[z_idx], model_args, model_kwargs, params,
                                                   name)
         return sites.layout, prior_cross

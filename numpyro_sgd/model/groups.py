@@ -22,7 +22,7 @@ from ..numerics.arrowhead import GroupLayout, from_probes, probes
 from .structure import abstract_trace
 
 __all__ = ["GroupSites", "group_layout", "check_one_group_per_row", "CHECK_ROWS", "rows_per_group", "GROUP_SCAN_ROWS",
-           "plates_read_whole", "WHOLE_ROWS", "MAX_WHOLE_DIM"]
+           "plates_read_whole", "global_only", "WHOLE_ROWS", "MAX_WHOLE_DIM"]
 
 #: rows on which :func:`check_one_group_per_row` compares the arrowhead Hessian with the exact one
 CHECK_ROWS = 512
@@ -42,6 +42,12 @@ class GroupSites:
         self.glob = tuple(glob)
         #: :class:`~numpyro_sgd.numerics.arrowhead.GroupLayout` in θ
         self.layout = layout
+
+
+def global_only(potential):
+    """:class:`GroupSites` with no groups: every latent coordinate of ``potential`` global."""
+    layout = GroupLayout(np.arange(potential.view.dim, dtype=np.int32), np.zeros((0, 0), np.int32))
+    return GroupSites(None, 0, [], list(potential.view.names), layout)
 
 
 def group_layout(potential, model_args, model_kwargs, name, read_whole=()):
@@ -66,11 +72,7 @@ def group_layout(potential, model_args, model_kwargs, name, read_whole=()):
         if outer:
             frames[site] = outer[0]
     if not frames:
-        if not read_whole:
-            return None
-        every = np.arange(potential.view.dim)
-        return GroupSites(None, 0, [], list(potential.view.names),
-                          GroupLayout(every.astype(np.int32), np.zeros((0, 0), np.int32)))
+        return global_only(potential) if read_whole else None
     plates = sorted({f.name for f in frames.values()})
     if len(plates) > 1:
         by_plate = {p: [s for s, f in frames.items() if f.name == p] for p in plates}
