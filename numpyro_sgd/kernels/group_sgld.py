@@ -2,7 +2,9 @@
 ``SGWithinGibbs(SGLD(model, control_variates=True))`` on a random-effects model.
 
 θ = (β, a_1, …, a_G) are the data-dependent latents (global β, group a_g, :mod:`~numpyro_sgd.model.groups`),
-φ the hyperparameters the Gibbs wrapper draws given a (no data). U(θ) = L(θ) + U₀(θ; φ), L the
+φ the hyperparameters the Gibbs wrapper draws given a (no data). G may be 0: a regression whose
+coefficients every row reads (a horseshoe's β, :func:`~numpyro_sgd.model.groups.plates_read_whole`)
+has only global coordinates, and φ its shrinkage scales. U(θ) = L(θ) + U₀(θ; φ), L the
 likelihood, U₀ the prior. One chain, at the wrapper's current φ::
 
     first step        θ̂ ← Newton steps from θ₀ on all rows (group_newton); θ ← θ̂

@@ -277,7 +277,10 @@ def factor(matrix, jitter=None):
     taken in absolute value (the saddle-free Newton step of Dauphin et al. 2014 on the global
     block); a positive definite group block is kept as it is. A jitter
     relative to each diagonal entry (default 10 ε of the dtype, as
-    :func:`~numpyro_sgd.numerics.preconditioners.regularized_cholesky`) is added."""
+    :func:`~numpyro_sgd.numerics.preconditioners.regularized_cholesky`) is added. A Schur
+    complement larger than :data:`SMALL_GLOBAL` is factored by Cholesky, Gershgorin-shifted
+    where it is not positive definite (``_shifted_cholesky``); with no groups it is the
+    global block itself."""
     dtype = matrix.glob.dtype
     jitter = max(1e-10, 10 * float(jnp.finfo(dtype).eps)) if jitter is None else jitter
     d_l = matrix.local.shape[0]
