@@ -179,7 +179,7 @@ def group_newton(oracle, theta, layout, active, previous=None, max_steps=GROUP_N
     def newton(point, lik_grad, lik_hessian):
         prior_grad, prior_hessian = prior_part(oracle, point, layout)
         grad = lik_grad + prior_grad
-        direction = factor(lik_hessian + prior_hessian).solve(layout, grad)
+        direction = factor(lik_hessian + prior_hessian, saddle_free=True).solve(layout, grad)
         return grad, direction, grad @ direction
 
     def phase(carry, stride, tolerance):

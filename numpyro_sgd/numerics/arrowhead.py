@@ -270,7 +270,7 @@ def _factor_groups(matrix, jitter):
     return l_local, _lower_solve(l_local, matrix.cross).reshape(d_g, g * d_l)
 
 
-def factor(matrix, jitter=None):
+def factor(matrix, jitter=None, saddle_free=None):
     """:class:`ArrowheadFactor` of a symmetric :class:`Arrowhead` made positive definite where it
     is not (far from a mode, a likelihood's Hessian can be indefinite): a group block that is not is
     shifted by what its Gershgorin discs need to lie right of 0, and the Schur complement's eigenvalues are
@@ -279,8 +279,11 @@ def factor(matrix, jitter=None):
     relative to each diagonal entry (default 10 ε of the dtype, as
     :func:`~numpyro_sgd.numerics.preconditioners.regularized_cholesky`) is added. A Schur
     complement larger than :data:`SMALL_GLOBAL` is factored by Cholesky, Gershgorin-shifted
-    where it is not positive definite (``_shifted_cholesky``); with no groups it is the
-    global block itself."""
+    where it is not positive definite (``_shifted_cholesky``), unless ``saddle_free`` (default:
+    D_g ≤ :data:`SMALL_GLOBAL`) asks for the eigendecomposition at any size: Newton steps far from
+    the mode need it (a shift large enough for a dense indefinite block makes the step tiny);
+    sampling steps at the centre, whose Hessian is positive definite, do not. With no groups the
+    Schur complement is the global block itself."""
     dtype = matrix.glob.dtype
     jitter = max(1e-10, 10 * float(jnp.finfo(dtype).eps)) if jitter is None else jitter
     d_l = matrix.local.shape[0]
@@ -290,7 +293,7 @@ def factor(matrix, jitter=None):
     else:  # no group latents: the global block alone (a shrinkage regression's coefficients)
         l_local, w = jnp.zeros((d_l, d_l, g), dtype), jnp.zeros((d_g, 0), dtype)
     schur = matrix.glob - _gram(w)
-    if d_g > SMALL_GLOBAL:
+    if not (d_g <= SMALL_GLOBAL if saddle_free is None else saddle_free):
         return ArrowheadFactor(l_local, w, _shifted_cholesky(0.5 * (schur + schur.T), jitter))
     values, vectors = eigh(0.5 * (schur + schur.T))
     values = jnp.abs(values)
