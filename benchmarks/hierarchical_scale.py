@@ -205,7 +205,8 @@ def run_old_route(model, data, clock, num_warmup, num_samples):
 
 def run_nuts(model, data, clock, num_warmup, num_samples, target_accept_prob=0.8):
     t0, c0 = time.perf_counter(), clock.seconds
-    mcmc = MCMC(NUTS(model, target_accept_prob=target_accept_prob), num_warmup=num_warmup, num_samples=num_samples, num_chains=2, chain_method="vectorized",
+    mcmc = MCMC(NUTS(model, target_accept_prob=target_accept_prob), num_warmup=num_warmup, num_samples=num_samples,
+                num_chains=2, chain_method="vectorized",
                 progress_bar=False, jit_model_args=True)
     mcmc.run(jax.random.key(4), *data)
     draws = jax.block_until_ready(mcmc.get_samples(group_by_chain=True))

@@ -43,8 +43,15 @@ from ..data.model_args import as_jax_args, split_arrays
 from ..driver.kernel import SGKernel
 from ..driver.wrapper import SGWrapper
 from ..model.discovery import FlatView
-from ..model.groups import (GROUP_SCAN_ROWS, MAX_WHOLE_DIM, check_one_group_per_row, global_only, group_layout,
-                            plates_read_whole, rows_per_group)
+from ..model.groups import (
+    GROUP_SCAN_ROWS,
+    MAX_WHOLE_DIM,
+    check_one_group_per_row,
+    global_only,
+    group_layout,
+    plates_read_whole,
+    rows_per_group,
+)
 from ..model.structure import centre_loc_scale, classify_sites, prior_dependencies, support_conflict
 from ..protocol import SGAlgorithm
 

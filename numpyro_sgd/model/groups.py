@@ -233,5 +233,6 @@ def plates_read_whole(potential, sites, model_args, model_kwargs):
                                 chunk=WHOLE_ROWS)
     (plate,) = potential.plates
     # an element every scanned row reads is read by every row of a minibatch: S
-    fraction = np.concatenate([np.ravel(v) for v in touched.values()]) / plate.subsample_size if touched else np.zeros(0)
+    counts = np.concatenate([np.ravel(v) for v in touched.values()]) if touched else np.zeros(0)
+    fraction = counts / plate.subsample_size
     return (sites.plate,) if fraction.size and np.mean(fraction > 0.99) > 0.5 else ()
