@@ -233,7 +233,7 @@ def test_the_centre_is_searched_at_the_first_step_and_at_the_end_of_warmup_only(
 def test_arrowhead_without_groups_is_the_dense_global_block():
     """No group latents (a regression's coefficients read whole): the factor is the global block's,
     by eigendecomposition up to :data:`SMALL_GLOBAL` coordinates and by a Cholesky factor beyond
-    (with a Gershgorin shift where the block is indefinite)."""
+    (its diagonal where the block is indefinite)."""
     from numpyro_sgd.numerics.arrowhead import SMALL_GLOBAL
     rng = np.random.default_rng(4)
     for d_g in (5, SMALL_GLOBAL + 16):

@@ -239,17 +239,15 @@ class ArrowheadFactor(NamedTuple):
         return self._backward(layout, noise_l, noise_g)
 
 
-def _shifted_cholesky(s, jitter):
-    """chol(S + μ I): μ = 0 when S + jitter diag(S) is positive definite, else the Gershgorin
-    shift that makes every disc lie right of 0 (a crude but O(D²) repair, for the large global
-    blocks where :func:`factor`'s eigendecomposition costs too much)."""
-    diag = jnp.diagonal(s)
-    scale = jnp.max(jnp.abs(diag))
-    first = cholesky(s + jnp.diag(jitter * jnp.abs(diag)))
-    radius = jnp.sum(jnp.abs(s), axis=1) - jnp.abs(diag)
-    shift = jnp.maximum(0.0, jnp.max(radius - diag)) + jitter * scale
-    second = cholesky(s + shift * jnp.eye(s.shape[0], dtype=s.dtype))
-    return jnp.where(jnp.all(jnp.isfinite(first)), first, second)
+def _cholesky_or_diagonal(s, jitter):
+    """chol(S + jitter |diag S|), or, where S is not positive definite, the factor of the
+    diagonal matrix |diag S| (a crude repair that costs O(D), for the large global blocks of the
+    sampling steps, whose Hessian at the centre is positive definite: an eigendecomposition, or
+    a second Cholesky factor, at every step would cost more than the step's rows)."""
+    diag = jnp.abs(jnp.diagonal(s))
+    first = cholesky(s + jnp.diag(jitter * diag), symmetrize=False)
+    fallback = jnp.diag(jnp.sqrt(jnp.maximum(diag, jitter * jnp.max(diag))))
+    return jnp.where(jnp.all(jnp.isfinite(first)), first, fallback)
 
 
 def _factor_groups(matrix, jitter):
@@ -278,11 +276,11 @@ def factor(matrix, jitter=None, saddle_free=None):
     block); a positive definite group block is kept as it is. A jitter
     relative to each diagonal entry (default 10 ε of the dtype, as
     :func:`~numpyro_sgd.numerics.preconditioners.regularized_cholesky`) is added. A Schur
-    complement larger than :data:`SMALL_GLOBAL` is factored by Cholesky, Gershgorin-shifted
-    where it is not positive definite (``_shifted_cholesky``), unless ``saddle_free`` (default:
-    D_g ≤ :data:`SMALL_GLOBAL`) asks for the eigendecomposition at any size: Newton steps far from
-    the mode need it (a shift large enough for a dense indefinite block makes the step tiny);
-    sampling steps at the centre, whose Hessian is positive definite, do not. With no groups the
+    complement larger than :data:`SMALL_GLOBAL` is factored by Cholesky, replaced by its
+    diagonal's absolute values where it is not positive definite (``_cholesky_or_diagonal``),
+    unless ``saddle_free`` (default: D_g ≤ :data:`SMALL_GLOBAL`) asks for the eigendecomposition
+    at any size: Newton steps far from the mode need it; sampling steps at the centre, whose
+    Hessian is positive definite, do not. With no groups the
     Schur complement is the global block itself."""
     dtype = matrix.glob.dtype
     jitter = max(1e-10, 10 * float(jnp.finfo(dtype).eps)) if jitter is None else jitter
@@ -294,7 +292,9 @@ def factor(matrix, jitter=None, saddle_free=None):
         l_local, w = jnp.zeros((d_l, d_l, g), dtype), jnp.zeros((d_g, 0), dtype)
     schur = matrix.glob - _gram(w)
     if not (d_g <= SMALL_GLOBAL if saddle_free is None else saddle_free):
-        return ArrowheadFactor(l_local, w, _shifted_cholesky(0.5 * (schur + schur.T), jitter))
+        # A is symmetrised where it is read (Arrowhead.symmetrised) and the Gram is symmetric: no
+        # second averaging (see numerics.linalg.cholesky)
+        return ArrowheadFactor(l_local, w, _cholesky_or_diagonal(schur, jitter))
     values, vectors = eigh(0.5 * (schur + schur.T))
     values = jnp.abs(values)
     values = jnp.maximum(values, jitter * jnp.max(values))

@@ -43,10 +43,22 @@ def _one_at_a_time(fn):
     return wrapped
 
 
+def cholesky(matrix, symmetrize=True):
+    """Lower Cholesky factor of a symmetric positive definite (D, D) matrix (NaN where it is not).
+    ``symmetrize=False`` reads the lower triangle only (LAPACK's), without first averaging the
+    matrix with its transpose: for a matrix symmetric by construction, whose averaging XLA fuses
+    with the transposes that built it (45 ms at D = 1000 on a CPU, against 13 ms for the factor)."""
+    return (_cholesky if symmetrize else _cholesky_lower)(matrix)
+
+
 @_one_at_a_time
-def cholesky(matrix):
-    """Lower Cholesky factor of a symmetric positive definite (D, D) matrix (NaN where it is not)."""
+def _cholesky(matrix):
     return jnp.linalg.cholesky(matrix)
+
+
+@_one_at_a_time
+def _cholesky_lower(matrix):
+    return jnp.linalg.cholesky(matrix, symmetrize_input=False)
 
 
 @_one_at_a_time
