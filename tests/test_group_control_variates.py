@@ -308,8 +308,8 @@ def test_coefficients_every_row_reads_are_global_and_match_the_exact_posterior()
 
 
 def test_too_many_coefficients_read_whole_are_refused(monkeypatch):
-    import numpyro_sgd.kernels.gibbs as gibbs
-    monkeypatch.setattr(gibbs, "MAX_WHOLE_DIM", 40)
+    import numpyro_sgd.model.groups as groups
+    monkeypatch.setattr(groups, "MAX_WHOLE_DIM", 40)
     rng = np.random.default_rng(6)
     X, y = jnp.asarray(rng.normal(size=(500, 50)), jnp.float32), jnp.asarray(rng.normal(size=500), jnp.float32)
     mcmc = MCMC(SGWithinGibbs(SGLD(ridge, control_variates=True)), num_warmup=5, num_samples=5, progress_bar=False)

@@ -45,8 +45,8 @@ from ..driver.wrapper import SGWrapper
 from ..model.discovery import FlatView
 from ..model.groups import (
     GROUP_SCAN_ROWS,
-    MAX_WHOLE_DIM,
     check_one_group_per_row,
+    few_enough_global,
     global_only,
     group_layout,
     plates_read_whole,
@@ -361,18 +361,6 @@ def sg_within_gibbs(inner, potential, *, hyper_names, target_accept_prob=0.8, ma
                        end_block=end_block, describe=describe)
 
 
-def _few_enough(sites, name, why):
-    """``sites``, unless its global coordinates are more than
-    :data:`~numpyro_sgd.model.groups.MAX_WHOLE_DIM` (their curvature is a dense block)."""
-    dim = sites.layout.global_index.shape[0]
-    if dim > MAX_WHOLE_DIM:
-        raise ValueError(
-            f"{name}: {why}, so {dim} latent coordinates are global; their curvature is a dense {dim} × {dim} block "
-            f"factored at every step, beyond the {MAX_WHOLE_DIM} this route takes. Use "
-            "SGWithinGibbs(ConstantSGD(model)).")
-    return sites
-
-
 class SGWithinGibbs(SGWrapper):
     """Stochastic gradients for the data-dependent latents, exact NUTS for the hyperparameters.
 
@@ -588,7 +576,7 @@ class SGWithinGibbs(SGWrapper):
         z_potential = potential.restricted(z_sites(potential, hyper))
         sites = group_layout(z_potential, model_args, model_kwargs, name)
         if sites is None:  # no group plate: every latent is global (a flat regression under a learned prior scale)
-            sites = _few_enough(global_only(z_potential), name, "the model has no group plate")
+            sites = few_enough_global(global_only(z_potential), name, "the model has no group plate")
         # one compiled trace of the model (traced eagerly, each of its operations compiled apart: 1.6 s)
         arrays, rebuild, _ = split_arrays(*as_jax_args((model_args, model_kwargs)))
         theta = jax.jit(lambda arrays: potential.initial_params(random.key(0), *rebuild(arrays)))(arrays)
@@ -602,7 +590,7 @@ class SGWithinGibbs(SGWrapper):
             whole = plates_read_whole(potential, sites, model_args, model_kwargs) if sites.num_groups else ()
             if not whole:
                 raise
-            sites = _few_enough(group_layout(z_potential, model_args, model_kwargs, name, read_whole=whole), name,
+            sites = few_enough_global(group_layout(z_potential, model_args, model_kwargs, name, read_whole=whole), name,
                                 f"every row reads the whole of plate '{whole[0]}'")
             prior_cross = check_one_group_per_row(z_potential, sites, theta[z_idx], model_args, model_kwargs, params,
                                                   name)

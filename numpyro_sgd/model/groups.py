@@ -22,7 +22,7 @@ from ..numerics.arrowhead import GroupLayout, from_probes, probes
 from .structure import abstract_trace
 
 __all__ = ["GroupSites", "group_layout", "check_one_group_per_row", "CHECK_ROWS", "rows_per_group", "GROUP_SCAN_ROWS",
-           "plates_read_whole", "global_only", "WHOLE_ROWS", "MAX_WHOLE_DIM"]
+           "plates_read_whole", "global_only", "few_enough_global", "WHOLE_ROWS", "MAX_WHOLE_DIM"]
 
 #: rows on which :func:`check_one_group_per_row` compares the arrowhead Hessian with the exact one
 CHECK_ROWS = 512
@@ -236,3 +236,16 @@ def plates_read_whole(potential, sites, model_args, model_kwargs):
     counts = np.concatenate([np.ravel(v) for v in touched.values()]) if touched else np.zeros(0)
     fraction = counts / plate.subsample_size
     return (sites.plate,) if fraction.size and np.mean(fraction > 0.99) > 0.5 else ()
+
+
+def few_enough_global(sites, name, why):
+    """``sites`` (:class:`GroupSites`), unless its global coordinates are more than
+    :data:`MAX_WHOLE_DIM` (their curvature is a dense block factored at every step); ``why``: how
+    they came to be global, for the message."""
+    dim = sites.layout.global_index.shape[0]
+    if dim > MAX_WHOLE_DIM:
+        raise ValueError(
+            f"{name}: {why}, so {dim} latent coordinates are global; their curvature is a dense {dim} × {dim} block "
+            f"factored at every step, beyond the {MAX_WHOLE_DIM} this route takes. Use "
+            "SGWithinGibbs(ConstantSGD(model)).")
+    return sites
