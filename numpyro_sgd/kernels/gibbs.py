@@ -590,8 +590,8 @@ class SGWithinGibbs(SGWrapper):
             whole = plates_read_whole(potential, sites, model_args, model_kwargs) if sites.num_groups else ()
             if not whole:
                 raise
-            sites = few_enough_global(group_layout(z_potential, model_args, model_kwargs, name, read_whole=whole), name,
-                                f"every row reads the whole of plate '{whole[0]}'")
+            sites = group_layout(z_potential, model_args, model_kwargs, name, read_whole=whole)
+            sites = few_enough_global(sites, name, f"every row reads the whole of plate '{whole[0]}'")
             prior_cross = check_one_group_per_row(z_potential, sites, theta[z_idx], model_args, model_kwargs, params,
                                                   name)
         return sites.layout, prior_cross
