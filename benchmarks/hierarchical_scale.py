@@ -223,6 +223,8 @@ def main(argv=None):
     parser.add_argument("--num-warmup", type=int, default=100)
     parser.add_argument("--num-samples", type=int, default=1_000)
     parser.add_argument("--old-route", action="store_true", help="also run SGWithinGibbs(ConstantSGD(model))")
+    parser.add_argument("--baseline", action="store_true",
+                        help="also run the hand-written lax.scan of the same algorithm (lmm only, lmm_scan_baseline)")
     parser.add_argument("--nuts", action="store_true", help="NUTS on all rows (the GLMM's reference)")
     parser.add_argument("--no-reference", action="store_true",
                         help="skip the exact reference, the scores and the second (split) run: the peak memory "
@@ -263,6 +265,11 @@ def main(argv=None):
     draws = on_scored_scale(args.problem, draws)
     split["peak_gib"] = peak_rss_gib(cell)[1]
     runs["SGLD-CV (group latents)"] = (draws, split)
+    if args.baseline and args.problem == "lmm":
+        from lmm_scan_baseline import run_scan_baseline
+
+        runs["hand-written lax.scan (baseline)"] = run_scan_baseline(data, args.groups, args.subsample_size,
+                                                                      args.num_warmup, args.num_samples)
     if args.old_route:
         runs["SGWithinGibbs(ConstantSGD)"] = run_old_route(model, data, clock, args.num_warmup, args.num_samples)
     print(f"data {data_bytes / 2**30:.3f} GiB")
