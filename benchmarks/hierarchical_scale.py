@@ -48,6 +48,7 @@ from benchmark_scaling import peak_rss_gib, reset_cell_peak
 from benchmark_throughput import CompileClock
 from numpyro.diagnostics import effective_sample_size
 from numpyro.infer import MCMC, NUTS
+from out_of_core import PeakAnon
 
 from numpyro_sgd import SGLD, ConstantSGD, SGWithinGibbs
 
@@ -130,6 +131,17 @@ def on_scored_scale(problem, draws):
                 log_lam=np.log(np.asarray(draws["lam"], np.float64)))
 
 
+def write_memmaps(directory, arrays):
+    """The arrays written to ``directory`` as ``.npy`` files and opened memory-mapped (read-only)."""
+    path = pathlib.Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    out = []
+    for i, a in enumerate(arrays):
+        np.save(path / f"array_{i}.npy", a)
+        out.append(np.load(path / f"array_{i}.npy", mmap_mode="r"))
+    return tuple(out)
+
+
 # --------------------------------------------------------------------------- scoring
 def score(draws, reference, globals_):
     """(min bulk ESS over the global sites, max |mean err| / sd, max |sd ratio − 1|, and the
@@ -158,19 +170,21 @@ def accurate(ess, mean_err, sd_err, g_mean, g_sd):
 
 
 # --------------------------------------------------------------------------- runs
-def run_group_cv(model, data, clock, num_warmup, num_samples, split_run=True):
+def run_group_cv(model, data, clock, num_warmup, num_samples, split_run=True, extra_fields=(), jit_model_args=True):
     """``SGWithinGibbs(SGLD(model, control_variates=True))``: one ``mcmc.run`` from a cold start
     (what a user waits for: its wall and its compile; its draws are scored), then, with a second
     ``MCMC``, ``mcmc.warmup`` (the centre, then warmup steps with φ's NUTS adapting) and
-    ``mcmc.run`` timed apart, the compile they repeat taken off."""
+    ``mcmc.run`` timed apart, the compile they repeat taken off. ``extra_fields``: as NumPyro's
+    (``"~z.a"`` leaves the site ``a`` out of the draws); ``jit_model_args`` False for memmaps
+    (NumPyro would otherwise copy them whole into its loop; the kernel says so)."""
     def make():
         return MCMC(SGWithinGibbs(SGLD(model, control_variates=True)), num_warmup=num_warmup,
-                    num_samples=num_samples, num_chains=2, chain_method="vectorized", jit_model_args=True,
+                    num_samples=num_samples, num_chains=2, chain_method="vectorized", jit_model_args=jit_model_args,
                     progress_bar=False)
 
     t0, c0 = time.perf_counter(), clock.seconds
     mcmc = make()
-    mcmc.run(jax.random.key(1), *data)
+    mcmc.run(jax.random.key(1), *data, extra_fields=extra_fields)
     draws = jax.block_until_ready(mcmc.get_samples(group_by_chain=True))
     wall, compile_s = time.perf_counter() - t0, clock.seconds - c0
     state = mcmc.last_state
@@ -229,6 +243,11 @@ def main(argv=None):
     parser.add_argument("--no-reference", action="store_true",
                         help="skip the exact reference, the scores and the second (split) run: the peak memory "
                              "is then one mcmc.run's")
+    parser.add_argument("--memmap", metavar="DIR",
+                        help="write the data to DIR as .npy files and run on them memory-mapped (read in place)")
+    parser.add_argument("--no-group-draws", action="store_true",
+                        help="leave the group latents out of the draws (extra_fields=('~z.a', ...)): their "
+                             "(chains, draws, G) array is most of the memory at G = 10⁵")
     parser.add_argument("--cache", help="JAX's persistent compilation cache in this folder (run twice: the second "
                                         "process skips XLA's compile)")
     args = parser.parse_args(argv)
@@ -250,7 +269,11 @@ def main(argv=None):
         reference = lmm_reference(*arrays, args.groups, prior_beta=PRIOR_BETA, prior_scale=PRIOR_SCALE)
         print(f"exact reference (grid over σ, τ): {time.perf_counter() - t:.1f} s, "
               f"weight at the grid's edge {reference.pop('grid_edge_weight'):.1e}")
-    data = tuple(jnp.asarray(a) for a in arrays)
+    if args.memmap:
+        data = write_memmaps(args.memmap, arrays)
+    else:
+        data = tuple(jnp.asarray(a) for a in arrays)
+    del arrays  # the generator's copy: the user holds the data once (as JAX arrays, or on disk)
     runs = {}
     if args.nuts:
         draws, split = run_nuts(make_model(args.problem, args.groups, args.d, None), data, clock, 500, 1000,
@@ -259,11 +282,18 @@ def main(argv=None):
         runs["NUTS"] = (draws, split)
         pooled = {k: np.asarray(v).reshape(-1, *v.shape[2:]) for k, v in draws.items()}
         reference = {k: (v.mean(0), v.std(0)) for k, v in pooled.items()}
+    group_sites = dict(lmm=("a",), glmm=("a", "b"), horseshoe=())[args.problem]
     cell = reset_cell_peak()
-    draws, split = run_group_cv(model, data, clock, args.num_warmup, args.num_samples,
-                                split_run=not args.no_reference)
+    with PeakAnon() as anon:
+        draws, split = run_group_cv(model, data, clock, args.num_warmup, args.num_samples,
+                                    split_run=not args.no_reference,
+                                    extra_fields=tuple(f"~z.{k}" for k in group_sites) if args.no_group_draws else (),
+                                    jit_model_args=not args.memmap)
     draws = on_scored_scale(args.problem, draws)
     split["peak_gib"] = peak_rss_gib(cell)[1]
+    print(f"peak resident {split['peak_gib']:.2f} GiB (VmHWM, file pages included); anonymous memory "
+          f"{anon.base:.2f} GiB before the run (data in memory, JAX's runtime), peak {anon.peak:.2f} GiB "
+          f"(+{anon.growth:.2f} GiB)")
     runs["SGLD-CV (group latents)"] = (draws, split)
     if args.baseline and args.problem == "lmm":
         from lmm_scan_baseline import run_scan_baseline
