@@ -240,6 +240,9 @@ def main(argv=None):
     parser.add_argument("--baseline", action="store_true",
                         help="also run the hand-written lax.scan of the same algorithm (lmm only, lmm_scan_baseline)")
     parser.add_argument("--nuts", action="store_true", help="NUTS on all rows (the GLMM's reference)")
+    parser.add_argument("--nuts-draws", metavar="NPZ",
+                        help="with --nuts, save NUTS's draws here; when the file exists, score against them "
+                             "instead of running NUTS again (same problem and sizes)")
     parser.add_argument("--no-reference", action="store_true",
                         help="skip the exact reference, the scores and the second (split) run: the peak memory "
                              "is then one mcmc.run's")
@@ -275,12 +278,20 @@ def main(argv=None):
         data = tuple(jnp.asarray(a) for a in arrays)
     del arrays  # the generator's copy: the user holds the data once (as JAX arrays, or on disk)
     runs = {}
-    if args.nuts:
+    if args.nuts_draws and pathlib.Path(args.nuts_draws).exists():
+        with np.load(args.nuts_draws) as saved:
+            draws = {k: saved[k] for k in saved.files}
+        print(f"NUTS's draws from {args.nuts_draws} (an earlier run of this command)")
+        runs["NUTS (saved draws)"] = (draws, dict(compile_s=float("nan"), wall_s=float("nan")))
+    elif args.nuts:
         draws, split = run_nuts(make_model(args.problem, args.groups, args.d, None), data, clock, 500, 1000,
                                 target_accept_prob=0.95 if args.problem == "horseshoe" else 0.8)
-        draws = on_scored_scale(args.problem, draws)
+        draws = {k: np.asarray(v) for k, v in on_scored_scale(args.problem, draws).items()}
         runs["NUTS"] = (draws, split)
-        pooled = {k: np.asarray(v).reshape(-1, *v.shape[2:]) for k, v in draws.items()}
+        if args.nuts_draws:
+            np.savez(args.nuts_draws, **draws)
+    if "NUTS" in runs or "NUTS (saved draws)" in runs:
+        pooled = {k: v.reshape(-1, *v.shape[2:]) for k, v in draws.items()}
         reference = {k: (v.mean(0), v.std(0)) for k, v in pooled.items()}
     group_sites = dict(lmm=("a",), glmm=("a", "b"), horseshoe=())[args.problem]
     cell = reset_cell_peak()
