@@ -116,8 +116,9 @@ def group_sgld(potential, layout, step_size=GROUP_STEP, prior_cross=True):
         last = oracle.step + 1 >= oracle.num_warmup_steps
         first = ~state.centred
         active = first | (last & ~state.recentred)
-        # the first phase's cheap passes from the initial point only (a draw is near the mode already)
-        centre = group_newton(oracle, theta, layout, active, state.centre, from_afar=first)  # state.centre if not active
+        # state.centre where not active; the first phase's cheap passes from the initial point only
+        # (a draw is near the mode already)
+        centre = group_newton(oracle, theta, layout, active, state.centre, from_afar=first)
         theta = jnp.where(first, centre.position, theta)  # from the initial point to the mode; later the chain stays
         state = state._replace(centre=centre, centred=jnp.ones((), bool), recentred=state.recentred | (active & last),
                                passes=state.passes + centre.passes)
