@@ -45,6 +45,7 @@ from ..driver.wrapper import SGWrapper
 from ..model.discovery import FlatView
 from ..model.groups import (
     GROUP_SCAN_ROWS,
+    GroupStructureError,
     check_one_group_per_row,
     few_enough_global,
     global_only,
@@ -585,7 +586,7 @@ class SGWithinGibbs(SGWrapper):
         try:
             prior_cross = check_one_group_per_row(z_potential, sites, theta[z_idx], model_args, model_kwargs, params,
                                                   name)
-        except ValueError:
+        except GroupStructureError:
             # a plate of coefficients that every row reads (a shrinkage regression's β): global coordinates
             whole = plates_read_whole(potential, sites, model_args, model_kwargs) if sites.num_groups else ()
             if not whole:

@@ -21,7 +21,8 @@ from ..data.model_args import as_jax_args, split_arrays
 from ..numerics.arrowhead import GroupLayout, from_probes, probes
 from .structure import abstract_trace
 
-__all__ = ["GroupSites", "group_layout", "check_one_group_per_row", "CHECK_ROWS", "rows_per_group", "GROUP_SCAN_ROWS",
+__all__ = ["GroupSites", "group_layout", "GroupStructureError", "check_one_group_per_row",
+           "CHECK_ROWS", "rows_per_group", "GROUP_SCAN_ROWS",
            "plates_read_whole", "global_only", "few_enough_global", "WHOLE_ROWS", "MAX_WHOLE_DIM"]
 
 #: rows on which :func:`check_one_group_per_row` compares the arrowhead Hessian with the exact one
@@ -103,6 +104,10 @@ def group_layout(potential, model_args, model_kwargs, name, read_whole=()):
                       [s for s in potential.view.names if s not in frames], layout)
 
 
+class GroupStructureError(ValueError):
+    """The Hessian is not block-arrowhead in the layout :func:`check_one_group_per_row` was given."""
+
+
 def check_one_group_per_row(potential, sites, theta, model_args, model_kwargs, params, name, rows=CHECK_ROWS):
     """Raise unless the Hessian of ``potential`` (its likelihood on ``rows`` rows of the one
     subsample plate, and its prior) at θ is block-arrowhead in ``sites.layout``: the exact
@@ -137,20 +142,24 @@ def check_one_group_per_row(potential, sites, theta, model_args, model_kwargs, p
         def prior(t):
             return potential.prior_potential(t, args, kwargs, params)
 
-        out = []
+        def arrowhead(fn, t):  # (the Hessian-vector product of fn at t, its arrowhead read from the probes)
+            hvp = jax.linearize(jax.grad(fn), t)[1]
+            return hvp, from_probes(layout, jax.vmap(hvp)(probe))
+
+        out, assembled = [], None
         for fn in (likelihood, prior):
-            hvp = jax.linearize(jax.grad(fn), theta)[1]
+            hvp, assembled = arrowhead(fn, theta)
             exact = hvp(direction)
-            assembled = from_probes(layout, jax.vmap(hvp)(probe)).matvec(layout, direction)
-            out.append(jnp.linalg.norm(exact - assembled) / jnp.maximum(jnp.linalg.norm(exact), 1e-30))
-        coupling = [jnp.max(jnp.abs(from_probes(layout, jax.vmap(jax.linearize(jax.grad(prior), t)[1])(probe)).cross),
-                            initial=0.0) for t in (theta, theta + direction)]
+            out.append(jnp.linalg.norm(exact - assembled.matvec(layout, direction))
+                       / jnp.maximum(jnp.linalg.norm(exact), 1e-30))
+        # the prior's global × group block at θ (the loop's last) and at a point beside it
+        coupling = [jnp.max(jnp.abs(h.cross), initial=0.0) for h in (assembled, arrowhead(prior, theta + direction)[1])]
         return jnp.stack(out), jnp.max(jnp.stack(coupling))
 
     (lik, pri), coupling = jax.tree.map(np.asarray, mismatch(theta, arrays, jnp.asarray(idx)))
     for what, value in (("the likelihood of a row", lik), ("the prior", pri)):
         if not value <= 1e-3:
-            raise ValueError(
+            raise GroupStructureError(
                 f"{name}: {what} couples the coordinates of different groups of the group latents {list(sites.group)} "
                 f"(plate '{sites.plate}'): its Hessian is not one block per group plus the global latents (relative "
                 f"mismatch {value:.2g} on {idx.size} rows). The control variates for group latents need each row to "
