@@ -14,9 +14,7 @@ Newton decrement λ² = ∇Uᵀ H⁻¹ ∇U is below a tolerance (the rule of
 :func:`~numpyro_sgd.adaptation.control_variates.newton_centre`: a trust region of R posterior
 sds, a candidate past the minimum along the step (the strong Wolfe condition with c₂ = ½, read
 from its gradient) shortened, Nocedal & Wright 2006, Eq. 3.7). The centre keeps ∇L(θ̂) and
-∇²L(θ̂), which do not depend on φ: φ has no observed child. With no group coordinates and many
-global ones, whose probes cost a gradient each a row, the search's directions read ∇²L from a
-subset of the rows and its last pass from all of them (:func:`curvature_rows`).
+∇²L(θ̂), which do not depend on φ: φ has no observed child.
 """
 
 from __future__ import annotations
@@ -28,13 +26,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ..numerics.arrowhead import SMALL_GLOBAL, Arrowhead, factor, from_probes, probes
+from ..numerics.arrowhead import Arrowhead, factor, from_probes, probes
 from ..protocol import self_guarded
 
-__all__ = ["GroupCentre", "unset_group_centre", "likelihood_pass", "prior_part", "first_stride", "curvature_rows",
-           "group_newton",
+__all__ = ["GroupCentre", "unset_group_centre", "likelihood_pass", "prior_part", "first_stride", "group_newton",
            "GROUP_PASS_ROWS", "GROUP_NEWTON_STEPS", "GROUP_NEWTON_TOLERANCE", "FIRST_PHASE_ROWS_PER_GROUP",
-           "FIRST_PHASE_TOLERANCE", "GROUP_NEWTON_RADIUS", "CURVATURE_ROWS_PER_COORDINATE"]
+           "FIRST_PHASE_TOLERANCE", "GROUP_NEWTON_RADIUS"]
 
 #: rows per block of the centre's passes: every block's gradient is a vector over all G groups,
 #: so larger blocks than a flat model's (:data:`~numpyro_sgd.numerics.row_blocks.FULL_PASS_ROWS`)
@@ -53,9 +50,6 @@ FIRST_PHASE_TOLERANCE = 1.0
 #: trust region that doubles needs ten passes more than full steps; full Newton steps move log σ
 #: by about ½ per pass from there, and a step to a non-finite point or past the minimum is shortened
 GROUP_NEWTON_RADIUS = float("inf")
-#: rows per global coordinate the search's Newton directions read ∇²L from, where θ has no group
-#: coordinates and many global ones (:func:`curvature_rows`)
-CURVATURE_ROWS_PER_COORDINATE = 32
 
 
 @self_guarded
@@ -116,7 +110,7 @@ def prior_part(oracle, theta, layout, cross=True):
     return layout.join(grad_beta, grad_a), Arrowhead.symmetrised(glob, cross, local)
 
 
-def likelihood_pass(oracle, theta, layout, stride=1, block_rows=GROUP_PASS_ROWS, curvature_rows=None):
+def likelihood_pass(oracle, theta, layout, stride=1, block_rows=GROUP_PASS_ROWS):
     """(∇L(θ), ∇²L(θ)) over the rows of the one subsample plate, in blocks of ``block_rows``
     rows (each device's own rows on a mesh, as
     :func:`~numpyro_sgd.adaptation.control_variates.full_potential_and_grad`), with the memory of
@@ -126,11 +120,6 @@ def likelihood_pass(oracle, theta, layout, stride=1, block_rows=GROUP_PASS_ROWS,
     ``stride`` (a Python int) > 1 takes every stride-th block only, weighted equally (an
     unbiased estimate of L from 1/stride of the rows; the rows left after the last whole block
     are skipped): the cheap passes of :func:`group_newton`'s first phase.
-
-    ``curvature_rows`` (a Python int, default all): ∇²L from about that many rows only, spread
-    over the pass in equal pieces (:func:`curvature_rows`), ∇L from the pass's rows all the same:
-    an unbiased estimate of ∇²L, for Newton directions where its D_g probes cost D_g gradients
-    a row.
 
     :return: ``(∇L, ∇²L as an Arrowhead, the fraction of a data pass read)``.
     """
@@ -142,55 +131,22 @@ def likelihood_pass(oracle, theta, layout, stride=1, block_rows=GROUP_PASS_ROWS,
     whole = stride == 1
     used = max(num_full // stride, 1)
 
-    def block(start, rows, weight, curvature=True):
+    def block(start, rows, weight):
         rows = oracle.shard_rows(start, rows)
-        grad = jax.grad(lambda t: weight * oracle.potential_energy(t, rows))
-        if not curvature:
-            return grad(theta)
-        value, tangent = jax.linearize(grad, theta)
-        return value, jax.vmap(tangent)(probe)
-
-    def over_blocks(count, step, rows, weight, curvature):
-        shapes = jax.eval_shape(lambda: block(jnp.zeros((), jnp.int32), rows, weight, curvature))
-        zero = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
-        return lax.fori_loop(0, count, lambda b, acc: jax.tree.map(
-            jnp.add, acc, block(b * step, rows, weight, curvature)), zero)
+        grad, tangent = jax.linearize(jax.grad(lambda t: weight * oracle.potential_energy(t, rows)), theta)
+        return grad, jax.vmap(tangent)(probe)
 
     weight = k * size / n if whole else 1.0 / used
-    sampled = curvature_rows is not None and curvature_rows < used * size * k
-    total = over_blocks(used, stride * size, size, weight, not sampled)
+    shapes = jax.eval_shape(lambda: block(jnp.zeros((), jnp.int32), size, weight))
+    zero = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+    total = lax.fori_loop(0, used, lambda b, acc: jax.tree.map(jnp.add, acc, block(b * stride * size, size, weight)),
+                          zero)
     if rest and whole:  # the rows after the last whole block, in a whole pass only
-        total = jax.tree.map(jnp.add, total, block(jnp.asarray(num_full * size, jnp.int32), rest, k * rest / n,
-                                                   not sampled))
-    read = (1.0 if whole else used * size * k / n)
-    if sampled:  # the gradient from the pass's rows, the curvature from pieces spread over them
-        pieces = min(used, -(-curvature_rows // (size * k)))
-        piece = max(1, -(-curvature_rows // (pieces * k)))
-        _, products = over_blocks(pieces, (used // pieces) * stride * size, piece, 1.0 / pieces, True)
-        grad, read = total, read + pieces * piece * k / n
-    else:
-        grad, products = total
+        total = jax.tree.map(jnp.add, total, block(jnp.asarray(num_full * size, jnp.int32), rest, k * rest / n))
+    grad, products = total
     prior_grad, prior_tangent = jax.linearize(jax.grad(oracle.prior_potential), theta)
-    return (grad - prior_grad, from_probes(layout, products - jax.vmap(prior_tangent)(probe)),
-            jnp.asarray(read, theta.dtype))
-
-
-def curvature_rows(num_rows, layout):
-    """The rows :func:`group_newton`'s search reads ∇²L from before its last pass: all
-    (None) where θ has group coordinates (each group's block needs its own rows) or at most
-    :data:`~numpyro_sgd.numerics.arrowhead.SMALL_GLOBAL` global ones; otherwise
-    :data:`CURVATURE_ROWS_PER_COORDINATE` per global coordinate, where that is under half the rows.
-    A shrinkage regression's p coefficients cost p Hessian-vector products a row (103 s a pass over
-    10⁶ rows at p = 10³, against 1.4 s for the gradient); an estimate from 32 p rows is off by
-    about (p / 32 p)^½ = 18 % in relative norm, which slows Newton's convergence to linear at
-    about that rate, and is not kept: the centre's ∇²L must be exact for the control variates
-    (group_sgld's Eq. 1 is unbiased only with the full-data Hessian), so the last pass of a search
-    whose centre is final reads it from every row."""
-    d_g = layout.global_index.shape[0]
-    if layout.local_index.size or d_g <= SMALL_GLOBAL:
-        return None
-    rows = CURVATURE_ROWS_PER_COORDINATE * d_g
-    return rows if 2 * rows < num_rows else None
+    read = jnp.asarray(1.0 if whole else used * size * k / n, theta.dtype)
+    return grad - prior_grad, from_probes(layout, products - jax.vmap(prior_tangent)(probe)), read
 
 
 def first_stride(num_rows, layout, block_rows=GROUP_PASS_ROWS):
@@ -203,8 +159,8 @@ def first_stride(num_rows, layout, block_rows=GROUP_PASS_ROWS):
     return stride if stride >= 3 else 1
 
 
-def group_newton(oracle, theta, layout, active, previous=None, from_afar=True, final=True,
-                 max_steps=GROUP_NEWTON_STEPS, tolerance=GROUP_NEWTON_TOLERANCE, radius=GROUP_NEWTON_RADIUS):
+def group_newton(oracle, theta, layout, active, previous=None, from_afar=True, max_steps=GROUP_NEWTON_STEPS,
+                 tolerance=GROUP_NEWTON_TOLERANCE, radius=GROUP_NEWTON_RADIUS):
     """The :class:`GroupCentre` from ``theta`` by damped Newton steps (module docstring), the
     first at ``theta``; where ``active`` is False, ``previous`` (default: unset) as it is, with
     ``passes`` 0: the loops then stop at once, so under ``vmap`` the chains that need no centre
@@ -220,16 +176,10 @@ def group_newton(oracle, theta, layout, active, previous=None, from_afar=True, f
     ``from_afar`` False skips the first phase: from a draw of the chain (the search at the end of
     warmup) it moved to the mode of the subset's rows, whose group coordinates sit further from the
     full data's mode than the draw (at N = 10⁶, G = 10⁴: λ² 7.5·10⁴ after 4 cheap passes), and the
-    full passes then took as many steps as from the draw itself.
-
-    Where :func:`curvature_rows` reads the Newton directions' ∇²L from a subset of rows (no group
-    coordinates, many global ones), a search whose centre is ``final`` (the one the draws use; a
-    traced bool) ends with one pass that reads ∇²L, and λ², from every row at the point found; a
-    search whose centre serves warmup only (burn-in) keeps the estimate."""
+    full passes then took as many steps as from the draw itself."""
     dtype = theta.dtype
     (plate,) = oracle.plates
     stride = first_stride(plate.size // oracle.num_shards, layout)
-    sampled = curvature_rows(plate.size, layout)
 
     def newton(point, lik_grad, lik_hessian):
         prior_grad, prior_hessian = prior_part(oracle, point, layout)
@@ -246,7 +196,7 @@ def group_newton(oracle, theta, layout, active, previous=None, from_afar=True, f
             n, evaluated, position, lik_grad, lik_hessian, direction, decrement, region, passes = carry
             scale = jnp.minimum(1.0, region / jnp.sqrt(decrement))
             point = jnp.where(evaluated, position - scale * direction, position)
-            lik_grad_c, lik_hessian_c, read = likelihood_pass(oracle, point, layout, stride, curvature_rows=sampled)
+            lik_grad_c, lik_hessian_c, read = likelihood_pass(oracle, point, layout, stride)
             grad_c, direction_c, decrement_c = newton(point, lik_grad_c, lik_hessian_c)
             finite = jnp.isfinite(decrement_c) & jnp.all(jnp.isfinite(grad_c))
             overshot = evaluated & (grad_c @ direction < -0.5 * decrement)
@@ -278,13 +228,4 @@ def group_newton(oracle, theta, layout, active, previous=None, from_afar=True, f
     if stride > 1:
         carry = start(*itemgetter(2, 3, 4, 6, 8)(phase(carry, stride, FIRST_PHASE_TOLERANCE, active & from_afar)))
     _, _, position, lik_grad, lik_hessian, _, decrement, _, passes = phase(carry, 1, tolerance, active)
-    if sampled is not None:  # ∇²L from every row at the final centre: a loop of one pass, none where not due
-        def exact(carry):
-            lik_grad, lik_hessian, read = likelihood_pass(oracle, position, layout)
-            _, _, decrement = newton(position, lik_grad, lik_hessian)
-            return jnp.ones((), bool), lik_grad, lik_hessian, decrement, carry[4] + read
-
-        due = active & final & jnp.isfinite(decrement)
-        _, lik_grad, lik_hessian, decrement, passes = lax.while_loop(
-            lambda carry: due & ~carry[0], exact, (jnp.zeros((), bool), lik_grad, lik_hessian, decrement, passes))
     return GroupCentre(position, lik_grad, lik_hessian, decrement, passes)
