@@ -14,7 +14,10 @@ Newton decrement λ² = ∇Uᵀ H⁻¹ ∇U is below a tolerance (the rule of
 :func:`~numpyro_sgd.adaptation.control_variates.newton_centre`: a trust region of R posterior
 sds, a candidate past the minimum along the step (the strong Wolfe condition with c₂ = ½, read
 from its gradient) shortened, Nocedal & Wright 2006, Eq. 3.7). The centre keeps ∇L(θ̂) and
-∇²L(θ̂), which do not depend on φ: φ has no observed child.
+∇²L(θ̂), which do not depend on φ: φ has no observed child. With no group coordinates and many
+global ones, whose D_g probes cost D_g gradients a row, the search's directions read ∇²L from a
+subset of the rows (:func:`direction_rows`), and a search whose centre the draws use reads it
+from every row at the point it stops: one more iteration of its loop.
 """
 
 from __future__ import annotations
@@ -26,12 +29,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ..numerics.arrowhead import Arrowhead, factor, from_probes, probes
+from ..numerics.arrowhead import SMALL_GLOBAL, Arrowhead, factor, from_probes, probes
 from ..protocol import self_guarded
 
-__all__ = ["GroupCentre", "unset_group_centre", "likelihood_pass", "prior_part", "first_stride", "group_newton",
-           "GROUP_PASS_ROWS", "GROUP_NEWTON_STEPS", "GROUP_NEWTON_TOLERANCE", "FIRST_PHASE_ROWS_PER_GROUP",
-           "FIRST_PHASE_TOLERANCE", "GROUP_NEWTON_RADIUS"]
+__all__ = ["GroupCentre", "unset_group_centre", "likelihood_pass", "prior_part", "first_stride", "direction_rows",
+           "group_newton", "GROUP_PASS_ROWS", "GROUP_NEWTON_STEPS", "GROUP_NEWTON_TOLERANCE",
+           "FIRST_PHASE_ROWS_PER_GROUP", "FIRST_PHASE_TOLERANCE", "GROUP_NEWTON_RADIUS", "DIRECTION_ROWS_PER_COORDINATE"]
 
 #: rows per block of the centre's passes: every block's gradient is a vector over all G groups,
 #: so larger blocks than a flat model's (:data:`~numpyro_sgd.numerics.row_blocks.FULL_PASS_ROWS`)
@@ -50,6 +53,9 @@ FIRST_PHASE_TOLERANCE = 1.0
 #: trust region that doubles needs ten passes more than full steps; full Newton steps move log σ
 #: by about ½ per pass from there, and a step to a non-finite point or past the minimum is shortened
 GROUP_NEWTON_RADIUS = float("inf")
+#: rows per global coordinate the search's Newton directions read ∇²L from, where θ has no group
+#: coordinates and many global ones (:func:`direction_rows`)
+DIRECTION_ROWS_PER_COORDINATE = 32
 
 
 @self_guarded
@@ -110,16 +116,24 @@ def prior_part(oracle, theta, layout, cross=True):
     return layout.join(grad_beta, grad_a), Arrowhead.symmetrised(glob, cross, local)
 
 
-def likelihood_pass(oracle, theta, layout, stride=1, block_rows=GROUP_PASS_ROWS):
+def likelihood_pass(oracle, theta, layout, stride=1, block_rows=GROUP_PASS_ROWS, curvature_rows=None,
+                    every_row=True):
     """(∇L(θ), ∇²L(θ)) over the rows of the one subsample plate, in blocks of ``block_rows``
     rows (each device's own rows on a mesh, as
     :func:`~numpyro_sgd.adaptation.control_variates.full_potential_and_grad`), with the memory of
-    one block (a running sum). Every block's potential carries the prior and the scale N/K; weighted
-    K/N over all blocks they sum every row once and the prior once, which is then taken off.
+    one block (a running sum). Every block's likelihood (:meth:`~numpyro_sgd.SubsampledPotential.likelihood`:
+    no prior, which would cancel in rounding) carries the scale N/K; weighted K/N over all blocks
+    they sum every row once.
 
     ``stride`` (a Python int) > 1 takes every stride-th block only, weighted equally (an
     unbiased estimate of L from 1/stride of the rows; the rows left after the last whole block
     are skipped): the cheap passes of :func:`group_newton`'s first phase.
+
+    ``curvature_rows`` (a Python int; default None: ∇²L from the pass's rows) reads ∇²L from
+    about that many of the pass's rows, in pieces spread over them (an unbiased estimate), and ∇L
+    from all of them, unless ``every_row`` (a traced bool) asks for ∇²L from every row of the
+    data: a loop over pieces whose count is traced, so a search that needs the exact ∇²L only at
+    its last point pays a whole pass there and nowhere else (under ``vmap`` too).
 
     :return: ``(∇L, ∇²L as an Arrowhead, the fraction of a data pass read)``.
     """
@@ -131,22 +145,62 @@ def likelihood_pass(oracle, theta, layout, stride=1, block_rows=GROUP_PASS_ROWS)
     whole = stride == 1
     used = max(num_full // stride, 1)
 
-    def block(start, rows, weight):
+    def block(start, rows, weight, curvature=True):
         rows = oracle.shard_rows(start, rows)
-        grad, tangent = jax.linearize(jax.grad(lambda t: weight * oracle.potential_energy(t, rows)), theta)
-        return grad, jax.vmap(tangent)(probe)
+        grad = jax.grad(lambda t: weight * oracle.likelihood_energy(t, rows))
+        if not curvature:
+            return grad(theta)
+        value, tangent = jax.linearize(grad, theta)
+        return value, jax.vmap(tangent)(probe)
+
+    def over_blocks(count, step, rows, weight, curvature=True, first=0):
+        # the gather's start moves with the loop's counter, so XLA cannot hoist a block out of a
+        # loop that runs no iteration (a pass at a point fixed outside it would run every call)
+        shapes = jax.eval_shape(lambda: block(jnp.zeros((), jnp.int32), rows, weight, curvature))
+        zero = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+        return lax.fori_loop(0, count, lambda b, acc: jax.tree.map(
+            jnp.add, acc, block(first + b * step, rows, weight, curvature)), zero)
 
     weight = k * size / n if whole else 1.0 / used
-    shapes = jax.eval_shape(lambda: block(jnp.zeros((), jnp.int32), size, weight))
-    zero = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
-    total = lax.fori_loop(0, used, lambda b, acc: jax.tree.map(jnp.add, acc, block(b * stride * size, size, weight)),
-                          zero)
+    sampled = curvature_rows is not None
+    total = over_blocks(used, stride * size, size, weight, not sampled)
     if rest and whole:  # the rows after the last whole block, in a whole pass only
-        total = jax.tree.map(jnp.add, total, block(jnp.asarray(num_full * size, jnp.int32), rest, k * rest / n))
-    grad, products = total
-    prior_grad, prior_tangent = jax.linearize(jax.grad(oracle.prior_potential), theta)
+        total = jax.tree.map(jnp.add, total, block(jnp.asarray(num_full * size, jnp.int32), rest, k * rest / n,
+                                                   not sampled))
     read = jnp.asarray(1.0 if whole else used * size * k / n, theta.dtype)
-    return grad - prior_grad, from_probes(layout, products - jax.vmap(prior_tangent)(probe)), read
+    if sampled:  # ∇L from the pass's rows, ∇²L from pieces spread over them, or from every row
+        grad = total
+        piece = max(1, min(size, -(-curvature_rows // k)))  # rows a shard of one piece
+        pieces = min(used, -(-curvature_rows // (piece * k)))  # more than one only where a piece is a block
+        spread = (used // pieces) * stride * size
+        num_pieces, left = divmod(n // k, piece)
+        count = jnp.where(every_row, num_pieces, pieces)
+        _, products = over_blocks(count, jnp.where(every_row, piece, spread), piece,
+                                  jnp.where(every_row, k * piece / n, 1.0 / pieces).astype(theta.dtype))
+        if left:  # the rows after the last whole piece, where every row is read
+            products = products + over_blocks(jnp.where(every_row, 1, 0), left, left, k * left / n,
+                                              first=num_pieces * piece)[1]
+        read = read + jnp.where(every_row, 1.0, pieces * piece * k / n).astype(theta.dtype)
+    else:
+        grad, products = total
+    return grad, from_probes(layout, products), read
+
+
+def direction_rows(num_rows, layout):
+    """The rows :func:`group_newton`'s Newton directions read ∇²L from: all (None) where θ has
+    group coordinates (each group's block needs its own rows) or at most
+    :data:`~numpyro_sgd.numerics.arrowhead.SMALL_GLOBAL` global ones; otherwise
+    :data:`DIRECTION_ROWS_PER_COORDINATE` per global coordinate, where that is under half the rows.
+    A shrinkage regression's p coefficients cost p Hessian-vector products a row (103 s a pass over
+    10⁶ rows at p = 10³, against 1.4 s for the gradient). An estimate from 32 p rows is off by
+    about (p / 32 p)^½ = 18 % in relative norm, which makes Newton's convergence linear at about
+    that rate; it is not kept where the draws use the centre: group_sgld's Eq. 1 is unbiased only
+    with the full-data ∇²L(θ̂)."""
+    d_g = layout.global_index.shape[0]
+    if layout.local_index.size or d_g <= SMALL_GLOBAL:
+        return None
+    rows = DIRECTION_ROWS_PER_COORDINATE * d_g
+    return rows if 2 * rows < num_rows else None
 
 
 def first_stride(num_rows, layout, block_rows=GROUP_PASS_ROWS):
@@ -159,8 +213,8 @@ def first_stride(num_rows, layout, block_rows=GROUP_PASS_ROWS):
     return stride if stride >= 3 else 1
 
 
-def group_newton(oracle, theta, layout, active, previous=None, from_afar=True, max_steps=GROUP_NEWTON_STEPS,
-                 tolerance=GROUP_NEWTON_TOLERANCE, radius=GROUP_NEWTON_RADIUS):
+def group_newton(oracle, theta, layout, active, previous=None, from_afar=True, final=True,
+                 max_steps=GROUP_NEWTON_STEPS, tolerance=GROUP_NEWTON_TOLERANCE, radius=GROUP_NEWTON_RADIUS):
     """The :class:`GroupCentre` from ``theta`` by damped Newton steps (module docstring), the
     first at ``theta``; where ``active`` is False, ``previous`` (default: unset) as it is, with
     ``passes`` 0: the loops then stop at once, so under ``vmap`` the chains that need no centre
@@ -176,10 +230,18 @@ def group_newton(oracle, theta, layout, active, previous=None, from_afar=True, m
     ``from_afar`` False skips the first phase: from a draw of the chain (the search at the end of
     warmup) it moved to the mode of the subset's rows, whose group coordinates sit further from the
     full data's mode than the draw (at N = 10⁶, G = 10⁴: λ² 7.5·10⁴ after 4 cheap passes), and the
-    full passes then took as many steps as from the draw itself."""
+    full passes then took as many steps as from the draw itself.
+
+    Where :func:`direction_rows` reads the directions' ∇²L from a subset of the rows (no group
+    coordinates, many global ones), a search whose centre is ``final`` (a traced bool: the centre
+    the draws use) takes one more iteration where it stops, at the point it stopped at, that reads
+    ∇²L and λ² from every row (and goes on if λ² is then above ``tolerance``); a search whose
+    centre serves warmup only (burn-in) keeps the estimate. Inside the loop, not after it: a pass at
+    a point the loop does not change would be hoisted out of it by XLA and run at every step."""
     dtype = theta.dtype
     (plate,) = oracle.plates
     stride = first_stride(plate.size // oracle.num_shards, layout)
+    sampled = direction_rows(plate.size, layout)
 
     def newton(point, lik_grad, lik_hessian):
         prior_grad, prior_hessian = prior_part(oracle, point, layout)
@@ -187,19 +249,31 @@ def group_newton(oracle, theta, layout, active, previous=None, from_afar=True, m
         direction = factor(lik_hessian + prior_hessian, saddle_free=True).solve(layout, grad)
         return grad, direction, grad @ direction
 
-    def phase(carry, stride, tolerance, go):
+    def phase(carry, stride, tolerance, go, finish=False):
+        def searching(carry):
+            n, evaluated, *_, decrement, _, _, _ = carry
+            return (n < max_steps) & (~evaluated | (decrement > tolerance))
+
+        def finishing(carry):  # the point where the search stopped, its ∇²L not yet from every row
+            if finish is False:  # a static no: the loop as it was
+                return jnp.zeros((), bool)
+            n, evaluated, *_, decrement, _, _, exact = carry
+            return (finish & evaluated & jnp.isfinite(decrement) & ~exact & ~searching(carry)
+                    & (n <= max_steps + 1))
+
         def keep_going(carry):
-            n, evaluated, *_, decrement, _, _ = carry
-            return go & (n < max_steps) & (~evaluated | (decrement > tolerance))
+            return go & (searching(carry) | finishing(carry))
 
         def body(carry):
-            n, evaluated, position, lik_grad, lik_hessian, direction, decrement, region, passes = carry
+            last = finishing(carry)
+            n, evaluated, position, lik_grad, lik_hessian, direction, decrement, region, passes, exact = carry
             scale = jnp.minimum(1.0, region / jnp.sqrt(decrement))
-            point = jnp.where(evaluated, position - scale * direction, position)
-            lik_grad_c, lik_hessian_c, read = likelihood_pass(oracle, point, layout, stride)
+            point = jnp.where(evaluated & ~last, position - scale * direction, position)
+            lik_grad_c, lik_hessian_c, read = likelihood_pass(oracle, point, layout, stride, curvature_rows=sampled,
+                                                              every_row=last)
             grad_c, direction_c, decrement_c = newton(point, lik_grad_c, lik_hessian_c)
             finite = jnp.isfinite(decrement_c) & jnp.all(jnp.isfinite(grad_c))
-            overshot = evaluated & (grad_c @ direction < -0.5 * decrement)
+            overshot = evaluated & ~last & (grad_c @ direction < -0.5 * decrement)
             accept = finite & ~overshot
 
             def pick(new, old):
@@ -211,9 +285,10 @@ def group_newton(oracle, theta, layout, active, previous=None, from_afar=True, m
             decrement = jnp.where(accept, decrement_c, jnp.where(evaluated, decrement, jnp.nan))
             # after a shortened step the region is a quarter of that step's length (in posterior sds)
             region = jnp.where(evaluated & ~accept, 0.25 * scale * jnp.sqrt(decrement),
-                               jnp.where(evaluated, 2.0 * region, region))
+                               jnp.where(evaluated & ~last, 2.0 * region, region))
+            exact = jnp.where(accept, last | (sampled is None), exact)
             return (n + 1, jnp.ones((), bool), position, lik_grad, lik_hessian, direction, decrement, region,
-                    passes + read)
+                    passes + read, exact)
 
         return lax.while_loop(keep_going, body, carry)
 
@@ -221,11 +296,12 @@ def group_newton(oracle, theta, layout, active, previous=None, from_afar=True, m
 
     def start(position, lik_grad, lik_hessian, decrement, passes):
         return (jnp.zeros((), jnp.int32), jnp.zeros((), bool), position, lik_grad, lik_hessian,
-                jnp.zeros_like(theta), decrement, jnp.asarray(radius, dtype), passes)
+                jnp.zeros_like(theta), decrement, jnp.asarray(radius, dtype), passes, jnp.zeros((), bool))
 
     carry = start(jnp.where(active, theta, previous.position), previous.lik_grad, previous.lik_hessian,
                   previous.decrement, jnp.zeros((), dtype))
     if stride > 1:
         carry = start(*itemgetter(2, 3, 4, 6, 8)(phase(carry, stride, FIRST_PHASE_TOLERANCE, active & from_afar)))
-    _, _, position, lik_grad, lik_hessian, _, decrement, _, passes = phase(carry, 1, tolerance, active)
+    finish = False if sampled is None else jnp.asarray(final, bool)
+    _, _, position, lik_grad, lik_hessian, _, decrement, _, passes, _ = phase(carry, 1, tolerance, active, finish)
     return GroupCentre(position, lik_grad, lik_hessian, decrement, passes)

@@ -15,6 +15,12 @@ likelihood, U₀ the prior. One chain, at the wrapper's current φ::
                       θ ← θ − (1 − e^{−h}) H⁻¹ ĝ + √(1 − e^{−2h}) L⁻ᵀ ξ,  ξ ~ N(0, I)      (2)
     last warmup step  θ̂ ← Newton steps from θ (φ is then near its posterior; none without warmup)
 
+With no group coordinates and more than 64 global ones (a shrinkage regression's p coefficients),
+the searches' Newton directions read ∇²L from 32 rows per coordinate
+(:func:`~numpyro_sgd.adaptation.group_centre.direction_rows`): the warmup's centre keeps that
+estimate (its draws are burn-in), and the last warmup step's search (the first step's, without
+warmup) ends with ∇²L(θ̂) from every row, as (1) needs to be unbiased.
+
 (1) is the control-variate gradient of Baker, Fearnhead, Fox & Nemeth (2019, Eq. 5) with the
 second-order term of the Taylor expansion about θ̂ added and subtracted: E_B[(N/S) Σ_B ∇²ℓ_i(θ̂)]
 = ∇²L(θ̂), so ĝ stays unbiased, and its noise is (N²/S) Cov_i[∇ℓ_i(θ) − ∇ℓ_i(θ̂) − ∇²ℓ_i(θ̂) d]
@@ -81,7 +87,7 @@ def group_sgld(potential, layout, step_size=GROUP_STEP, prior_cross=True):
 
     def gradient(oracle, theta, centre, indices, prior_grad):
         def likelihood(t):  # (N/S) Σ_B ℓ_i(t): the minibatch potential without its prior
-            return oracle.potential_energy(t, indices) - oracle.prior_potential(t)
+            return oracle.likelihood_energy(t, indices)
 
         offset = theta - centre.position
         pe, grad_here = jax.value_and_grad(likelihood)(theta)
@@ -118,7 +124,7 @@ def group_sgld(potential, layout, step_size=GROUP_STEP, prior_cross=True):
         active = first | (last & ~state.recentred)
         # state.centre where not active; the first phase's cheap passes from the initial point only
         # (a draw is near the mode already)
-        centre = group_newton(oracle, theta, layout, active, state.centre, from_afar=first)
+        centre = group_newton(oracle, theta, layout, active, state.centre, from_afar=first, final=last)
         theta = jnp.where(first, centre.position, theta)  # from the initial point to the mode; later the chain stays
         state = state._replace(centre=centre, centred=jnp.ones((), bool), recentred=state.recentred | (active & last),
                                passes=state.passes + centre.passes)

@@ -119,14 +119,18 @@ class SetPlateIndices(Messenger):
 
 
 class MaskPlateSites(Messenger):
-    """Mask (drop from the log density) every sample site inside the given plates."""
+    """Mask (drop from the log density) every sample site inside the given plates, or with
+    ``outside`` every site outside them (the constraint Jacobians included: NumPyro adds them as
+    factor sites where their latent is)."""
 
-    def __init__(self, fn=None, plate_names=()):
+    def __init__(self, fn=None, plate_names=(), outside=False):
         self.plate_names = set(plate_names)
+        self.outside = outside
         super().__init__(fn)
 
     def process_message(self, msg):
-        if msg["type"] == "sample" and any(f.name in self.plate_names for f in msg["cond_indep_stack"]):
+        if msg["type"] == "sample" and (any(f.name in self.plate_names for f in msg["cond_indep_stack"])
+                                        != self.outside):
             msg["fn"] = msg["fn"].mask(False)
 
 

@@ -136,8 +136,7 @@ def check_one_group_per_row(potential, sites, theta, model_args, model_kwargs, p
         args, kwargs = rebuild(arrays)
 
         def likelihood(t):
-            return (potential.potential(t, {plate.name: idx}, args, kwargs, params)
-                    - potential.prior_potential(t, args, kwargs, params))
+            return potential.likelihood(t, {plate.name: idx}, args, kwargs, params)
 
         def prior(t):
             return potential.prior_potential(t, args, kwargs, params)

@@ -96,6 +96,11 @@ class MinibatchOracle:
         """Û_S(θ) on ``indices``."""
         return self.potential.potential(theta, indices, self.model_args, self.model_kwargs, self.params)
 
+    def likelihood_energy(self, theta, indices):
+        """Û_S(θ) on ``indices`` without its prior and Jacobian terms
+        (:meth:`~numpyro_sgd.SubsampledPotential.likelihood`)."""
+        return self.potential.likelihood(theta, indices, self.model_args, self.model_kwargs, self.params)
+
     def potential_and_grad(self, theta, indices):
         """(Û_S(θ), ∇Û_S(θ)) on ``indices``."""
         return self.potential.potential_and_grad(theta, indices, self.model_args, self.model_kwargs, self.params)

@@ -164,6 +164,12 @@ class DataParallelOracle(MinibatchOracle):
 
         return self._sharded(local, PartitionSpec(), theta, indices)
 
+    def likelihood_energy(self, theta, indices):
+        def local(theta, idx, model_args, model_kwargs):
+            return lax.pmean(self.local.likelihood(theta, idx, model_args, model_kwargs, self.params), self.axis)
+
+        return self._sharded(local, PartitionSpec(), theta, indices)
+
     def potential_and_grad(self, theta, indices):
         # the gradient of the device average: one all-reduce of a D-vector in the backward pass
         return jax.value_and_grad(self.potential_energy)(theta, indices)
