@@ -34,7 +34,8 @@ from ..protocol import self_guarded
 
 __all__ = ["GroupCentre", "unset_group_centre", "likelihood_pass", "prior_part", "first_stride", "direction_rows",
            "group_newton", "GROUP_PASS_ROWS", "GROUP_NEWTON_STEPS", "GROUP_NEWTON_TOLERANCE",
-           "FIRST_PHASE_ROWS_PER_GROUP", "FIRST_PHASE_TOLERANCE", "GROUP_NEWTON_RADIUS", "DIRECTION_ROWS_PER_COORDINATE"]
+           "FIRST_PHASE_ROWS_PER_GROUP", "FIRST_PHASE_TOLERANCE", "GROUP_NEWTON_RADIUS",
+           "DIRECTION_ROWS_PER_COORDINATE"]
 
 #: rows per block of the centre's passes: every block's gradient is a vector over all G groups,
 #: so larger blocks than a flat model's (:data:`~numpyro_sgd.numerics.row_blocks.FULL_PASS_ROWS`)
