@@ -131,7 +131,8 @@ def likelihood_pass(oracle, theta, layout, stride=1, block_rows=GROUP_PASS_ROWS,
     are skipped): the cheap passes of :func:`group_newton`'s first phase.
 
     ``curvature_rows`` (a Python int; default None: ∇²L from the pass's rows) reads ∇²L from
-    about that many of the pass's rows, in pieces spread over them (an unbiased estimate), and ∇L
+    about that many of the pass's rows (whole blocks spread over the pass, or, where that is under
+    a block, the pass's first rows: rows in random order make either an unbiased estimate), and ∇L
     from all of them, unless ``every_row`` (a traced bool) asks for ∇²L from every row of the
     data: a loop over pieces whose count is traced, so a search that needs the exact ∇²L only at
     its last point pays a whole pass there and nowhere else (under ``vmap`` too).
