@@ -288,7 +288,7 @@ def group_newton(oracle, theta, layout, active, previous=None, from_afar=True, f
             # after a shortened step the region is a quarter of that step's length (in posterior sds)
             region = jnp.where(evaluated & ~accept, 0.25 * scale * jnp.sqrt(decrement),
                                jnp.where(evaluated & ~last, 2.0 * region, region))
-            exact = jnp.where(accept, last | (sampled is None), exact)
+            exact = jnp.where(accept, last, exact)  # read only where finish (sampled directions)
             return (n + 1, jnp.ones((), bool), position, lik_grad, lik_hessian, direction, decrement, region,
                     passes + read, exact)
 
