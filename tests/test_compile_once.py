@@ -229,3 +229,23 @@ def test_op_by_op_replay_is_one_program_and_shared_by_a_new_trace(counter):
     assert counter.count == 0
     np.testing.assert_array_equal(np.asarray(got["w"]), np.asarray(theta))
     np.testing.assert_array_equal(np.asarray(got_again["w"]), np.asarray(theta))
+
+
+def test_a_long_compile_hands_the_compilers_freed_memory_back(monkeypatch):
+    """After an XLA compilation of at least ``TRIM_AFTER_COMPILE_S`` (the sampling program's), and
+    only then, glibc's ``malloc_trim(0)`` runs, from the listener a kernel's ``init`` registers."""
+    from numpyro_sgd.driver import programs
+
+    if programs._malloc_trim() is None:
+        pytest.skip("no glibc malloc_trim on this platform")
+    MCMC(SGLD(model, step_size=1e-4), num_warmup=2, num_samples=2, progress_bar=False).run(
+        jax.random.key(0), X, Y, S)
+    assert programs._TRIM["registered"] and programs._TRIM["fn"] is not None
+    calls = []
+    monkeypatch.setitem(programs._TRIM, "fn", calls.append)
+    event = "/jax/core/compile/backend_compile_duration"
+    monitoring.record_event_duration_secs(event, 0.5 * programs.TRIM_AFTER_COMPILE_S)
+    monitoring.record_event_duration_secs("/jax/core/compile/jaxpr_trace_duration", 10.0)
+    assert calls == []
+    monitoring.record_event_duration_secs(event, programs.TRIM_AFTER_COMPILE_S)
+    assert calls == [0]

@@ -69,7 +69,8 @@ def all_finite(array, rows=None):
     return bool(_jit_all_finite(array))
 
 
-_jit_all_finite = jax.jit(lambda a: jnp.all(jnp.isfinite(a)))
+#: whether every array of a pytree is finite (one program for all the leaves)
+_jit_all_finite = jax.jit(lambda tree: jnp.all(jnp.stack([jnp.all(jnp.isfinite(a)) for a in jax.tree.leaves(tree)])))
 
 
 def warn_constant_data(name, model_args, model_kwargs):
@@ -258,7 +259,10 @@ def check_data(name, kernel, state, vectorized, arrays, model_args, model_kwargs
     is the log-likelihood of every observed datum evaluated at the initial point (one pass,
     in chunks), so that values the model masks or never reads are allowed.
     """
-    if all(all_finite(a) for a in arrays):
+    inexact = [a for a in arrays if jnp.issubdtype(a.dtype, jnp.inexact)]
+    in_jax = [a for a in inexact if isinstance(a, jax.Array)]  # one program for all of them
+    if (not in_jax or bool(_jit_all_finite(in_jax))) and all(all_finite(a) for a in inexact
+                                                               if not isinstance(a, jax.Array)):
         return
     potential = kernel.potential
     z = {k: (v[0] if vectorized else v) for k, v in state.z.items()}

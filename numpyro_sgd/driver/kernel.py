@@ -54,7 +54,7 @@ from .init_checks import (
     warn_short_run,
 )
 from .loop import iteration, oracle_factory
-from .programs import ProgramCache
+from .programs import ProgramCache, return_compiler_memory
 from .progress import calling_mcmc, calling_mcmc_shows_progress, progress_text, run_with_progress
 
 __all__ = ["SGKernel"]
@@ -322,6 +322,7 @@ class SGKernel(MCMCKernel):
     def init(self, rng_key, num_warmup, init_params=None, model_args=(), model_kwargs=None):
         model_kwargs = {} if model_kwargs is None else model_kwargs
         check_memmaps(type(self).__name__, model_args, model_kwargs, calling_mcmc())
+        return_compiler_memory()  # the sampling program's compile is next (NumPyro's)
         refuse_parallel_chains(type(self).__name__, self._driver.mesh, is_tracer(rng_key))
         vectorized = not is_prng_key(rng_key)
         if not isinstance(num_warmup, int) and not is_tracer(num_warmup):
