@@ -12,7 +12,8 @@ import textwrap
 import numpy as np
 import pytest
 
-WORKER = textwrap.dedent(r"""
+#: a worker's start: process ``argv[1]`` of two, coordinator on 127.0.0.1:``argv[2]``, gloo collectives
+PROLOGUE = textwrap.dedent(r"""
     import json, sys
     import jax
     process_id, port = int(sys.argv[1]), sys.argv[2]
@@ -22,8 +23,11 @@ WORKER = textwrap.dedent(r"""
     import numpy as np, numpyro, numpyro.distributions as dist
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     from numpyro.infer import MCMC
-    from numpyro_sgd import ConstantSGD
     from numpyro_sgd.datasets import process_rows
+""")
+
+WORKER = PROLOGUE + textwrap.dedent(r"""
+    from numpyro_sgd import ConstantSGD
 
     n, d, s = 400, 3, 20
     rng = np.random.default_rng(1)
@@ -64,18 +68,8 @@ WORKER = textwrap.dedent(r"""
 """)
 
 
-CV_WORKER = textwrap.dedent(r"""
-    import json, sys
-    import jax
-    process_id, port = int(sys.argv[1]), sys.argv[2]
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=process_id,
-                               initialization_timeout=60)
-    import numpy as np, numpyro, numpyro.distributions as dist
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    from numpyro.infer import MCMC
+CV_WORKER = PROLOGUE + textwrap.dedent(r"""
     from numpyro_sgd import SGLD
-    from numpyro_sgd.datasets import process_rows
 
     n, d, s = 100_000, 10, 1_000
     rng = np.random.default_rng(1)
