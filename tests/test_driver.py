@@ -232,6 +232,20 @@ def test_the_finite_check_reads_wide_data_in_small_blocks(monkeypatch):
     assert not checks.all_finite(column.view(Rows))  # 64 rows a block
 
 
+def test_jax_arguments_are_checked_for_nan_in_one_program():
+    """The JAX array arguments of every shape are scanned by one program: a NaN in any of them is
+    found, and arrays of several shapes compile once."""
+    from numpyro_sgd.driver import init_checks as checks
+
+    x, y = jnp.zeros((7, 3)), jnp.ones(7)
+    assert checks._jax_arrays_finite([x, y]) and checks._jax_arrays_finite([])
+    assert not checks._jax_arrays_finite([x, y.at[6].set(jnp.nan)])
+    assert not checks._jax_arrays_finite([x.at[0, 2].set(jnp.inf), y])
+    size = checks._jit_all_finite._cache_size()
+    checks._jax_arrays_finite([jnp.zeros((5, 2)), jnp.ones(5), jnp.ones((5, 1))])
+    assert checks._jit_all_finite._cache_size() == size + 1
+
+
 def test_plate_larger_than_the_data_is_refused():
     """numpyro.plate("data", 2000, ...) over 1,000 rows ran on JAX's clamped indices (the last
     row repeated, 9 sd off, no warning); it is refused at init, naming the plate and the fix,

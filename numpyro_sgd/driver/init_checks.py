@@ -73,6 +73,17 @@ def all_finite(array, rows=None):
 _jit_all_finite = jax.jit(lambda tree: jnp.all(jnp.stack([jnp.all(jnp.isfinite(a)) for a in jax.tree.leaves(tree)])))
 
 
+def _jax_arrays_finite(arrays):
+    """Whether every JAX array of ``arrays`` is finite: one program for all of them (one compile
+    instead of one per shape), or one per array where they are committed to different devices."""
+    if not arrays:
+        return True
+    try:
+        return bool(_jit_all_finite(arrays))
+    except ValueError:  # arrays committed to different devices cannot enter one program
+        return all(bool(_jit_all_finite([a])) for a in arrays)
+
+
 def warn_constant_data(name, model_args, model_kwargs):
     """Warn (at trace time) when large data would be compiled into the program as constants.
 
@@ -260,9 +271,8 @@ def check_data(name, kernel, state, vectorized, arrays, model_args, model_kwargs
     in chunks), so that values the model masks or never reads are allowed.
     """
     inexact = [a for a in arrays if jnp.issubdtype(a.dtype, jnp.inexact)]
-    in_jax = [a for a in inexact if isinstance(a, jax.Array)]  # one program for all of them
-    if (not in_jax or bool(_jit_all_finite(in_jax))) and all(all_finite(a) for a in inexact
-                                                               if not isinstance(a, jax.Array)):
+    in_jax = [a for a in inexact if isinstance(a, jax.Array)]
+    if _jax_arrays_finite(in_jax) and all(all_finite(a) for a in inexact if not isinstance(a, jax.Array)):
         return
     potential = kernel.potential
     z = {k: (v[0] if vectorized else v) for k, v in state.z.items()}
