@@ -393,7 +393,7 @@ def in_memory(args):
         import subprocess
         import sys
 
-        from numpyro_sgd.driver.programs import quick_compile_options
+        from numpyro_sgd.numerics.compilation import quick_compile_options
 
         runs = [("stream", {}), ("device", {}), ("numpy", {}), ("constants", {})]
         if "xla_cpu_use_fusion_emitters" in (quick_compile_options("warmup") or {}):  # XLA:CPU has loop emitters

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ..numerics.arrowhead import SMALL_GLOBAL, Arrowhead, factor, from_probes, probes
+from ..numerics.row_blocks import block_size
 from ..protocol import self_guarded
 
 __all__ = ["GroupCentre", "unset_group_centre", "likelihood_pass", "prior_part", "first_stride", "direction_rows",
@@ -119,8 +120,8 @@ def prior_part(oracle, theta, layout, cross=True):
 
 def likelihood_pass(oracle, theta, layout, stride=1, block_rows=GROUP_PASS_ROWS, curvature_rows=None,
                     every_row=True):
-    """(∇L(θ), ∇²L(θ)) over the rows of the one subsample plate, in blocks of ``block_rows``
-    rows (each device's own rows on a mesh, as
+    """(∇L(θ), ∇²L(θ)) over the rows of the one subsample plate, in blocks of about ``block_rows``
+    rows (:func:`~numpyro_sgd.numerics.row_blocks.block_size`; each device's own rows on a mesh, as
     :func:`~numpyro_sgd.adaptation.control_variates.full_potential_and_grad`), with the memory of
     one block (a running sum). Every block's likelihood (:meth:`~numpyro_sgd.SubsampledPotential.likelihood`:
     no prior, which would cancel in rounding) carries the scale N/K; weighted K/N over all blocks
@@ -141,7 +142,7 @@ def likelihood_pass(oracle, theta, layout, stride=1, block_rows=GROUP_PASS_ROWS,
     """
     (plate,) = oracle.plates
     n, k = plate.size, oracle.num_shards
-    size = max(1, min(block_rows // k, n // k))
+    size = block_size(n // k, max(1, block_rows // k))
     num_full, rest = divmod(n // k, size)
     probe = probes(layout, theta.dtype)
     whole = stride == 1

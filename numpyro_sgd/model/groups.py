@@ -19,6 +19,7 @@ from jax import random
 
 from ..data.model_args import as_jax_args, split_arrays
 from ..numerics.arrowhead import GroupLayout, from_probes, probes
+from ..numerics.compilation import jit_once
 from .structure import abstract_trace
 
 __all__ = ["GroupSites", "group_layout", "GroupStructureError", "check_one_group_per_row",
@@ -131,7 +132,7 @@ def check_one_group_per_row(potential, sites, theta, model_args, model_kwargs, p
     # from NumPy: an eager jax.random draw is two more XLA compilations at init (0.25 s)
     direction = np.random.default_rng(1).normal(size=theta.shape).astype(dtype)
 
-    @jax.jit
+    @jit_once
     def mismatch(theta, arrays, idx):
         args, kwargs = rebuild(arrays)
 
