@@ -40,6 +40,7 @@ from ..model.discovery import AllRows, checked_run, index_probe
 from ..model.oracle import MinibatchOracle
 from ..model.potential import SubsampledPotential
 from ..model.sharding import refuse_parallel_chains
+from ..numerics.compilation import warmup_options_kind
 from ..protocol import initial_state
 from ..validation import (
     DEFAULT_WARMUP_PASSES,
@@ -444,7 +445,7 @@ class SGKernel(MCMCKernel):
                 args, kwargs = rebuild(arrays)
                 return lax.fori_loop(0, num_iterations, lambda _, s: self._iteration(s, args, kwargs, True), state)
 
-            program = self._warmup_program.get(key, lambda: loop, arrays)
+            program = self._warmup_program.get(key, lambda: loop, arrays, warmup_options_kind(arrays))
             if calling_mcmc_shows_progress() and num_warmup > 1:
                 state = run_with_progress(program, state, num_warmup, arrays, self.get_diagnostics_str)
             else:

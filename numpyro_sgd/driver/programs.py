@@ -27,10 +27,13 @@ class ProgramCache:
         self.kind = kind
         self.entry = None
 
-    def get(self, key, make, arrays):
-        """The program for ``key``: the kept one, or ``jax.jit(make())`` compiled and kept."""
+    def get(self, key, make, arrays, options=None):
+        """The program for ``key``: the kept one, or ``jax.jit(make())`` compiled and kept, with
+        the :data:`~numpyro_sgd.numerics.compilation.QUICK_COMPILE` options of ``options``
+        (default: this cache's kind)."""
         if self.entry is None or self.entry[0] != key:
-            self.entry = (key, jax.jit(make(), compiler_options=quick_compile_options(self.kind)), arrays)
+            options = quick_compile_options(options or self.kind)
+            self.entry = (key, jax.jit(make(), compiler_options=options), arrays)
         return self.entry[1]
 
     def __getstate__(self):

@@ -8,14 +8,15 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-__all__ = ["QUICK_COMPILE", "quick_compile_options", "jit_once"]
+__all__ = ["QUICK_COMPILE", "SMALL_DATA_ELEMENTS", "quick_compile_options", "warmup_options_kind", "jit_once"]
 
 
 #: XLA options that make XLA:CPU compile a program several times faster. The legacy loop
 #: emitters (``xla_cpu_use_fusion_emitters=False``) compile a fusion faster than the MLIR fusion
 #: emitters and run it about as fast; without LLVM optimisation
 #: (``xla_backend_optimization_level=0``) compiling is faster again, but the code runs slower, so
-#: that is used only for the program that runs once (the initial point). Measured on the 2-core
+#: that is used only for the programs that run once at ``init`` (the initial point, the structure
+#: checks; the warmup over small data, :func:`warmup_options_kind`). Measured on the 2-core
 #: CPU, a 3-parameter regression: warmup program 3.3–3.9 s → 2.3–2.5 s (emitters), 0.7 s (both);
 #: init program 1.2 s → 0.3 s (both). Options this jaxlib does not know are left out (jax 0.12
 #: has no ``xla_cpu_use_fusion_emitters``).
@@ -40,6 +41,26 @@ def quick_compile_options(program):
         if _SUPPORTED_OPTIONS[name]:
             options[name] = value
     return options or None
+
+
+#: data elements (all array arguments, rows × values a row) up to which the warmup program is
+#: compiled with the ``"init"`` options too (no LLVM optimisation): its compile time then exceeds
+#: what its slower code costs. Measured on the 2-core CPU, ``SGLD(model, control_variates=True)``
+#: on a logistic regression with D = 50 (``anchors.py``): at N = 10⁵ the warmup program compiled in
+#: 7.7 s instead of 13.0 s and ran in 2.6 s instead of 1.0 s (12.1 s to the posterior, was 16.5 s);
+#: at N = 10⁷ its 12 centre passes ran in 9.5 s optimised, about 2.5 times that without
+SMALL_DATA_ELEMENTS = 10**8
+
+
+def warmup_options_kind(arrays):
+    """``"init"`` for a warmup over at most :data:`SMALL_DATA_ELEMENTS` data elements in
+    ``arrays`` (the model's array arguments), else ``"warmup"``: the :data:`QUICK_COMPILE` entry
+    for the warmup program."""
+    size = 0
+    for x in arrays:
+        shape = getattr(x, "shape", ())
+        size += int(np.prod(shape)) if shape else 1
+    return "init" if size <= SMALL_DATA_ELEMENTS else "warmup"
 
 
 def jit_once(fn):
