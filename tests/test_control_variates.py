@@ -67,18 +67,22 @@ def test_the_streamed_pass_is_the_full_potential(oracle):
 def test_newton_reaches_the_exact_mode_from_far(oracle):
     """From 1,000 posterior sds away the centre is the exact mode (the posterior mean of a
     conjugate regression) within the tolerance of the Newton decrement, 0.01: a tenth of a
-    posterior sd. The trust region starts at 30 sds and doubles after every step that needs no
-    shortening (30 + 60 + ... + 480 > 1,000 after 6 steps); near the mode the Hessian estimated on
-    fixed rows (exact up to √(D/rows) ≈ 3 %) shrinks the distance about 30-fold per step. One
-    data pass per step and one at the start; from 10 sds, three or four."""
+    posterior sd. Full Newton steps (no trust region by default): the Hessian estimated on fixed
+    rows (exact up to √(D/rows) ≈ 3 %) shrinks the distance about 30-fold per step, so 1,000 →
+    about 30 → 1 → 0.03 sds: one data pass per step and one at the start, three to five; from 10
+    sds, two to four. With a trust region of 30 sds that doubles after every step that needs no
+    shortening (30 + 60 + ... + 480 > 1,000 after 6 steps), six or more."""
     start = jnp.asarray(MEAN + 1_000 * SD)
-    newton = jax.jit(lambda t: newton_centre(oracle, t))
-    centre, passes = newton(start)
+    newton = jax.jit(lambda t, r: newton_centre(oracle, t, radius=r))
+    centre, passes = newton(start, jnp.inf)
     assert np.max(np.abs(np.asarray(centre.position) - MEAN) / SD) < 0.1
-    assert 6 <= float(passes) <= 12
-    centre, passes = newton(jnp.asarray(MEAN + 10 * SD))
+    assert 3 <= float(passes) <= 5
+    centre, passes = newton(jnp.asarray(MEAN + 10 * SD), jnp.inf)
     assert np.max(np.abs(np.asarray(centre.position) - MEAN) / SD) < 0.1
     assert 2 <= float(passes) <= 4
+    centre, passes = newton(start, 30.0)
+    assert np.max(np.abs(np.asarray(centre.position) - MEAN) / SD) < 0.1
+    assert 6 <= float(passes) <= 12
 
 
 def test_control_variate_gradients_are_unbiased_and_exact_at_the_centre(oracle):
