@@ -445,7 +445,10 @@ class SGKernel(MCMCKernel):
                 args, kwargs = rebuild(arrays)
                 return lax.fori_loop(0, num_iterations, lambda _, s: self._iteration(s, args, kwargs, True), state)
 
-            program = self._warmup_program.get(key, lambda: loop, arrays, warmup_options_kind(arrays))
+            # a control-variate warmup reads a bounded number of passes (its noise warmup, the
+            # centre's Newton steps); another kernel's warmup can be thousands of SG steps
+            options = warmup_options_kind(arrays) if self.control_variates else "warmup"
+            program = self._warmup_program.get(key, lambda: loop, arrays, options)
             if calling_mcmc_shows_progress() and num_warmup > 1:
                 state = run_with_progress(program, state, num_warmup, arrays, self.get_diagnostics_str)
             else:

@@ -43,19 +43,23 @@ def quick_compile_options(program):
     return options or None
 
 
-#: data elements (all array arguments, rows × values a row) up to which the warmup program is
-#: compiled with the ``"init"`` options too (no LLVM optimisation): its compile time then exceeds
-#: what its slower code costs. Measured on the 2-core CPU, ``SGLD(model, control_variates=True)``
-#: on a logistic regression with D = 50 (``anchors.py``): at N = 10⁵ the warmup program compiled in
-#: 7.7 s instead of 13.0 s and ran in 2.6 s instead of 1.0 s (12.1 s to the posterior, was 16.5 s);
-#: at N = 10⁷ its 12 centre passes ran in 9.5 s optimised, about 2.5 times that without
+#: data elements (all array arguments, rows × values a row) up to which a control-variate kernel's
+#: warmup program (a bounded number of data passes) is compiled with the ``"init"`` options too (no
+#: LLVM optimisation): its compile time then exceeds what its slower code costs. Measured on the
+#: 2-core CPU, ``SGLD(model, control_variates=True)`` on a logistic regression with D = 50
+#: (``anchors.py``): at N = 10⁵ the warmup program compiled in 7.7 s instead of 13.0 s and ran in
+#: 2.6 s instead of 1.0 s (12.1 s to the posterior, was 16.5 s); at N = 10⁷ its 12 centre passes
+#: ran in 9.5 s optimised, about 2.5 times that without. Not for other kernels, whose warmup can be
+#: thousands of SG steps: ConstantSGD-full at N = 10⁵ (840 passes in all) took 22.9 s to the
+#: posterior with it, 17.1 s without
 SMALL_DATA_ELEMENTS = 10**8
 
 
 def warmup_options_kind(arrays):
-    """``"init"`` for a warmup over at most :data:`SMALL_DATA_ELEMENTS` data elements in
-    ``arrays`` (the model's array arguments), else ``"warmup"``: the :data:`QUICK_COMPILE` entry
-    for the warmup program."""
+    """``"init"`` for a control-variate warmup over at most :data:`SMALL_DATA_ELEMENTS` data
+    elements in ``arrays`` (the model's array arguments), else ``"warmup"``: the
+    :data:`QUICK_COMPILE` entry for its warmup program (the driver asks only for a kernel with
+    control variates)."""
     size = 0
     for x in arrays:
         shape = getattr(x, "shape", ())
