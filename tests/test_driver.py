@@ -241,9 +241,9 @@ def test_jax_arguments_are_checked_for_nan_in_one_program():
     assert checks._jax_arrays_finite([x, y]) and checks._jax_arrays_finite([])
     assert not checks._jax_arrays_finite([x, y.at[6].set(jnp.nan)])
     assert not checks._jax_arrays_finite([x.at[0, 2].set(jnp.inf), y])
-    size = checks._ALL_FINITE[0]._cache_size()
+    size = checks._jit_all_finite._cache_size()
     checks._jax_arrays_finite([jnp.zeros((5, 2)), jnp.ones(5), jnp.ones((5, 1))])
-    assert checks._ALL_FINITE[0]._cache_size() == size + 1
+    assert checks._jit_all_finite._cache_size() == size + 1
 
 
 def test_plate_larger_than_the_data_is_refused():

@@ -22,7 +22,6 @@ from ..data.streaming import streamed_sources
 from ..model.likelihood import log_likelihood_chunks
 from ..model.sharding import check_mesh
 from ..model.structure import classify_sites, hyper_candidates, support_conflict
-from ..numerics.compilation import jit_once
 
 __all__ = ["check_problem_size", "warn_short_blocks", "warn_short_run", "warn_hyper_candidates", "warn_full_data_steps",
            "check_data", "warn_constant_data", "all_finite", "InitChecks"]
@@ -70,17 +69,9 @@ def all_finite(array, rows=None):
     return bool(_jit_all_finite(array))
 
 
-_ALL_FINITE = []
-
-
-def _jit_all_finite(tree):
-    """Whether every array of a pytree is finite: one program for all the leaves, compiled with
-    :func:`~numpyro_sgd.numerics.compilation.jit_once` (made at the first call, when JAX's
-    backend is up)."""
-    if not _ALL_FINITE:
-        _ALL_FINITE.append(jit_once(lambda t: jnp.all(jnp.stack([jnp.all(jnp.isfinite(a))
-                                                                 for a in jax.tree.leaves(t)]))))
-    return _ALL_FINITE[0](tree)
+#: whether every array of a pytree is finite (one program for all the leaves). Optimised: it reads
+#: all the data (at 10⁷ × 50 floats 0.46 s, against 1.74 s compiled without LLVM optimisation)
+_jit_all_finite = jax.jit(lambda tree: jnp.all(jnp.stack([jnp.all(jnp.isfinite(a)) for a in jax.tree.leaves(tree)])))
 
 
 def _jax_arrays_finite(arrays):

@@ -8,8 +8,6 @@ import jax
 from jax._src import core as _jax_core  # only for under_a_trace
 from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 
-from ..numerics.compilation import jit_once
-
 
 def under_a_trace():
     """Whether JAX is staging a program (jit, pmap, shard_map, scan ...) rather than running ops
@@ -25,10 +23,8 @@ _REPLAYS = {}
 _REPLAYS_KEPT = 32
 
 
-def replay(jaxpr, once=False):
-    """A jitted ``(consts, *args) -> outputs`` evaluating ``jaxpr``, shared by equal programs;
-    ``once``: compiled with :func:`~numpyro_sgd.numerics.compilation.jit_once`'s options, for a call
-    outside any trace (it cannot be nested: JAX takes compiler options on a top-level ``jit`` only).
+def replay(jaxpr):
+    """A jitted ``(consts, *args) -> outputs`` evaluating ``jaxpr``, shared by equal programs.
 
     Called op by op (NumPyro applies the vmapped ``postprocess_fn`` to the initial state for the
     shapes of its sample buffers), a jaxpr would cost one XLA compilation per operation; jitted
@@ -37,10 +33,10 @@ def replay(jaxpr, once=False):
     text (with the constants as arguments, equal text is the same computation): a second run
     compiles nothing new.
     """
-    key = (str(jaxpr), once)
+    key = str(jaxpr)
     fn = _REPLAYS.get(key)
     if fn is None:
-        fn = (jit_once if once else jax.jit)(lambda consts, *args: jaxpr_as_fun(ClosedJaxpr(jaxpr, consts))(*args))
+        fn = jax.jit(lambda consts, *args: jaxpr_as_fun(ClosedJaxpr(jaxpr, consts))(*args))
         if len(_REPLAYS) >= _REPLAYS_KEPT:
             _REPLAYS.pop(next(iter(_REPLAYS)))
         _REPLAYS[key] = fn
@@ -60,11 +56,6 @@ def evaluate(closed, arrays, replayed=None):
     ``jax.distributed``) the jaxpr is inlined as it is instead: there a nested jit meets JAX's
     sharding rules (pmap's per-chain mesh against the data's).
     """
-    traced = under_a_trace()
-    if jax.device_count() > 1 and traced:
+    if jax.device_count() > 1 and under_a_trace():
         return jaxpr_as_fun(closed)(*arrays)
-    if not traced and not any(isinstance(x, jax.core.Tracer) for x in (*closed.consts, *arrays)):
-        # concrete values, run now and rarely again (the model's shapes at init, NumPyro's sample
-        # buffers); under an eager vmap or grad the call is a transformed one, which takes no options
-        return replay(closed.jaxpr, once=True)(closed.consts, *arrays)
     return (replayed or replay(closed.jaxpr))(closed.consts, *arrays)
