@@ -40,7 +40,7 @@ from ..model.discovery import AllRows, checked_run, index_probe
 from ..model.oracle import MinibatchOracle
 from ..model.potential import SubsampledPotential
 from ..model.sharding import refuse_parallel_chains
-from ..numerics.compilation import warmup_options_kind
+from ..numerics.compilation import full_precision_matmuls, warmup_options_kind
 from ..protocol import initial_state
 from ..validation import (
     DEFAULT_WARMUP_PASSES,
@@ -320,6 +320,7 @@ class SGKernel(MCMCKernel):
         total = math.ceil(passes * self._potential.steps_per_pass)
         return max(1, math.ceil(total / num_warmup))
 
+    @full_precision_matmuls
     def init(self, rng_key, num_warmup, init_params=None, model_args=(), model_kwargs=None):
         model_kwargs = {} if model_kwargs is None else model_kwargs
         check_memmaps(type(self).__name__, model_args, model_kwargs, calling_mcmc())
@@ -400,7 +401,7 @@ class SGKernel(MCMCKernel):
             model_args_, model_kwargs_ = self._static(model_args, model_kwargs)
             return potential.constrain(potential.view.ravel(z), model_args_, model_kwargs_)
 
-        return postprocess
+        return full_precision_matmuls(postprocess)
 
     # ------------------------------------------------------------------ transition
     def _static(self, model_args, model_kwargs):
@@ -459,6 +460,7 @@ class SGKernel(MCMCKernel):
         idle = np.full(np.shape(state.idle_iterations), num_warmup, np.asarray(state.idle_iterations).dtype)
         return state._replace(idle_iterations=jax.device_put(idle))
 
+    @full_precision_matmuls
     def sample(self, state, model_args, model_kwargs):
         """One MCMC iteration: ``steps_per_sample`` SG steps in one compiled loop, or, for the
         ``num_warmup`` iterations after a warmup that ran inside :meth:`init`, the state as it is

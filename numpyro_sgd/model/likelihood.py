@@ -13,6 +13,7 @@ import numpy as np
 from numpyro import handlers
 
 from ..data.model_args import as_jax_args, split_arrays
+from ..numerics.compilation import matmul_precision
 from .discovery import SetPlateIndices
 
 __all__ = ["log_likelihood_chunks"]
@@ -68,5 +69,6 @@ def log_likelihood_chunks(kernel, samples, model_args=(), model_kwargs=None, chu
             idx = wanted[start:start + width]
             padded = np.zeros(width, dtype=np.int64)
             padded[:idx.shape[0]] = idx
-            chunk = program(flat, jnp.asarray(padded, dtype=jnp.int32), arrays)
+            with matmul_precision():  # traced as the kernel traces the model
+                chunk = program(flat, jnp.asarray(padded, dtype=jnp.int32), arrays)
             yield plate.name, idx, {k: v[:, :idx.shape[0]] for k, v in chunk.items()}
