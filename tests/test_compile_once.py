@@ -251,14 +251,19 @@ def test_a_long_compile_hands_the_compilers_freed_memory_back(monkeypatch):
     assert calls == [0]
 
 
-def test_the_warmup_over_small_data_compiles_without_llvm_optimisation():
+def test_the_warmup_over_small_data_compiles_without_llvm_optimisation(monkeypatch):
     """The warmup program takes the initial point's options (no LLVM optimisation) up to
     ``SMALL_DATA_ELEMENTS`` data elements, whose passes are then short, and the optimising ones
-    above (a pass over 10⁷ × 50 rows runs about 2.5 times as long unoptimised)."""
+    above (a pass over 10⁷ × 50 rows runs about 2.5 times as long unoptimised), and whenever JAX's
+    persistent compilation cache is on (this suite's conftest sets one): a later process then
+    loads the program and only runs it."""
     from numpyro_sgd.numerics import compilation
 
     small = [np.zeros((1000, 50), np.float32), np.zeros(1000, np.float32)]
     big = [jax.ShapeDtypeStruct((compilation.SMALL_DATA_ELEMENTS // 50 + 1, 50), jnp.float32)]
+    assert compilation.persistent_cache_on()
+    assert compilation.warmup_options_kind(small) == "warmup"
+    monkeypatch.setattr(compilation, "persistent_cache_on", lambda: False)
     assert compilation.warmup_options_kind(small) == "init"
     assert compilation.warmup_options_kind(big) == "warmup"
     assert compilation.QUICK_COMPILE["init"]["xla_backend_optimization_level"] == 0

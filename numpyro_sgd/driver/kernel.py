@@ -416,6 +416,7 @@ class SGKernel(MCMCKernel):
         return (self._get_algorithm().burn_in and self._driver.warmup_subsample == self._driver.subsample
                 and self._warmup_steps_per_iteration == self._steps_per_sample)
 
+    @full_precision_matmuls
     def _iteration(self, state, model_args, model_kwargs, warmup):
         """One MCMC iteration of every chain (:func:`~numpyro_sgd.driver.loop.iteration`)."""
         oracle = oracle_factory(self.potential, model_args, model_kwargs, self._driver.mesh, self._driver.mesh_axis)
