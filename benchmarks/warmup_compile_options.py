@@ -46,7 +46,7 @@ def main():
     reference = laplace("logistic", X, y)[:2]
     data = (jnp.asarray(X), jnp.asarray(y))
     model = make_model("logistic")
-    anchors.CLOCK = clock = CompileClock()
+    anchors.CLOCK = CompileClock()
     print(f"logistic regression, N = {args.n:,}, D = 50, {jax.devices()[0].device_kind}", flush=True)
     print("| warmup program's options | its compile s | warmup + centre s | sampling loop compile s | wall s | "
           "min bulk ESS | max mean err (sd) | max sd err |\n|---|---|---|---|---|---|---|---|", flush=True)

@@ -12,7 +12,21 @@ import jax
 import jax.numpy as jnp
 
 __all__ = ["SampleBlock", "SGAlgorithm", "SGState", "StepInfo", "count_grad_evals", "finite", "guard",
-           "changed_finite", "self_guarded", "initial_state", "pick_chain"]
+           "changed_finite", "self_guarded", "initial_state", "pick_chain", "CHAINS", "mean_over_chains"]
+
+#: the name of the vectorized chains' axis in the driver's loop (``jax.vmap(..., axis_name=CHAINS)``,
+#: :func:`numpyro_sgd.driver.loop.iteration`)
+CHAINS = "chains"
+
+
+def mean_over_chains(x):
+    """The mean of ``x`` over the vectorized chains, one value for all of them (unbatched, so what
+    is computed from it is computed once), inside the driver's loop; ``x`` itself for one chain,
+    for sequential chains and under ``pmap``."""
+    try:
+        return jax.lax.pmean(x, CHAINS)
+    except NameError:  # no vectorized chains here
+        return x
 
 
 class StepInfo(NamedTuple):

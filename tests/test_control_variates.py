@@ -169,6 +169,27 @@ def test_control_variate_kernels_sample_the_exact_posterior(make, steps):
     assert np.all(np.asarray(control.passes) >= 2)
 
 
+def test_vectorized_chains_share_one_centre():
+    """Vectorized chains find one centre (``protocol.mean_over_chains``: Newton from the mean of
+    their warmups' ends, its passes made once for all chains), while sequential chains each find
+    their own from where their own warmup ended: the same mode to the Newton tolerance, not the
+    same floats."""
+    def centres(method):
+        mcmc = MCMC(SGLD(regression, control_variates=True), num_warmup=100, num_samples=10, num_chains=2,
+                    chain_method=method, progress_bar=False)
+        mcmc.warmup(jax.random.key(3), jnp.asarray(X), jnp.asarray(Y))
+        control = mcmc.post_warmup_state.kernel_state.adapted.control
+        return np.asarray(control.centre.position), np.asarray(control.passes)
+
+    shared, passes = centres("vectorized")
+    np.testing.assert_array_equal(shared[0], shared[1])
+    assert passes[0] == passes[1] >= 1
+    assert np.max(np.abs(shared[0] - MEAN) / SD) < 0.1
+    own, _ = centres("sequential")
+    assert not np.array_equal(own[0], own[1])
+    assert np.max(np.abs(own - MEAN) / SD) < 0.1
+
+
 def two_plates(X, y):
     w = numpyro.sample("w", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
     with numpyro.plate("a", X.shape[0], subsample_size=10) as idx:

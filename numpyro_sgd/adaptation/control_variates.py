@@ -43,6 +43,7 @@ from ..model.oracle import grad_and_hessian
 from ..numerics.linalg import cho_solve, cholesky, inv
 from ..numerics.preconditioners import psd_part, regularized_cholesky
 from ..numerics.row_blocks import FULL_PASS_ROWS, sum_over_row_blocks
+from ..protocol import mean_over_chains
 from .adapted import with_adapted
 
 __all__ = ["Centre", "ControlState", "unset_control", "ControlVariateOracle", "full_potential_and_grad",
@@ -97,7 +98,8 @@ class ControlState(NamedTuple):
     centre: Centre
     #: δ of :func:`control_variate_noise`: how far ∇U is from linear over a posterior sd
     nonlinearity: jnp.ndarray
-    #: full-data passes the centre took (:func:`newton_centre`), beside the SG steps' passes
+    #: full-data passes the centre took (:func:`newton_centre`), beside the SG steps' passes; vectorized
+    #: chains share one centre, and each chain's state holds its passes (made once for all)
     passes: jnp.ndarray
     #: whether the chain has been moved to the centre (done once, before the first sampling block:
     #: the warmup's last point may be far out, where the control variates' noise is large)
@@ -366,7 +368,9 @@ def centre_and_noise(theta, state, oracle, full, law):
     control-variate gradient's noise Q_cv, the Hessian's positive part at the centre), both (D, D)
     with ``full`` else their diagonals (see
     :func:`~numpyro_sgd.adaptation.default_steps.with_default_steps`); ``law``: the sampling minibatch law."""
-    centre, passes = newton_centre(oracle, theta)
+    # one centre for all vectorized chains, from the mean of where their warmups ended: control
+    # variates are unbiased about any centre, and the chains' Newton passes are then made once
+    centre, passes = newton_centre(oracle, mean_over_chains(theta))
     hessian = psd_part(curvature_at(oracle, centre.position, curvature_rows(oracle)))
     # the posterior's scale at the centre (Laplace), where the noise and the non-linearity are measured
     scale = cholesky(inv(hessian)) if full else 1.0 / jnp.sqrt(jnp.diagonal(hessian))

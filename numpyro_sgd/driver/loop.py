@@ -7,13 +7,15 @@ potential and one call's model arguments; they hold no state of their own.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax import lax, random
 
 from ..model.oracle import MinibatchOracle
 from ..model.sharding import DataParallelOracle
-from ..protocol import changed_finite, count_grad_evals, finite, guard
+from ..protocol import CHAINS, changed_finite, count_grad_evals, finite, guard
 
 __all__ = ["oracle_factory", "transition", "iteration"]
 
@@ -73,7 +75,7 @@ def iteration(alg, potential, oracle, state, warmup, *, warmup_steps, sample_ste
     """
     view = potential.view
     vectorized = jnp.ndim(state.i) > 0
-    over_chains = jax.vmap if vectorized else (lambda f: f)
+    over_chains = functools.partial(jax.vmap, axis_name=CHAINS) if vectorized else (lambda f: f)
     # every chain is at the same SG step: passing it unbatched keeps an algorithm's
     # `lax.cond` on the step (SGFS's refresh) a branch under vmap, not a select of both
     i = state.i[0] if vectorized else state.i

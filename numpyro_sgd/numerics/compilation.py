@@ -12,8 +12,8 @@ import functools
 import jax
 import numpy as np
 
-__all__ = ["QUICK_COMPILE", "QUICK_COMPILE_GPU", "SMALL_DATA_ELEMENTS", "MATMUL_PRECISION", "quick_compile_options", "warmup_options_kind", "persistent_cache_on",
-           "jit_once", "matmul_precision", "full_precision_matmuls"]
+__all__ = ["QUICK_COMPILE", "QUICK_COMPILE_GPU", "SMALL_DATA_ELEMENTS", "MATMUL_PRECISION", "quick_compile_options",
+           "warmup_options_kind", "persistent_cache_on", "jit_once", "matmul_precision", "full_precision_matmuls"]
 
 
 #: XLA options that make XLA:CPU compile a program several times faster. The legacy loop
