@@ -190,8 +190,9 @@ class SGLD(SGKernel):
     (measured: N ε/2 = 0.4–0.45 at δ = 0.11–0.18, draws within 0.05 posterior sd of NUTS's means
     and 6 % of its sds; ``benchmarks/cv_off_gaussian.py``), and the end-of-warmup prediction of
     the autocorrelation time (:func:`~numpyro_sgd.numerics.theory.exponential_autocorrelation_time`) warns
-    when the run is too short for it. *Cost*: the centre takes 2–8 data passes (one centre for vectorized chains, from the mean of their warmups' ends), the Hessian and
-    the noise measure about D × 65,536 and 16 × 65,536 per-datum gradients, each step 2S. The
+    when the run is too short for it. *Cost*: the centre takes 2–8 data passes (one centre for
+    vectorized chains, from the mean of their warmups' ends), the Hessian and the noise measure
+    about D × 65,536 and 16 × 65,536 per-datum gradients, each step 2S. The
     centre's passes are not in ``data_passes`` (which counts SG steps):
     ``kernel_state.adapted.control.passes`` holds them. Needs one subsample plate; refused inside
     :class:`~numpyro_sgd.SGWithinGibbs` and :class:`~numpyro_sgd.VariationalEM`, whose updates
