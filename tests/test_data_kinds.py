@@ -8,8 +8,8 @@ all N rows, so every consumer of a run evaluates the full data: ArviZ's own expo
 ``log_likelihood``, and the package's ``to_arviz``, ``check_run`` and ``loo_subsample``. The plate
 indices must then be concrete, or a NumPy array indexed by them (``x[idx]``) fails on a tracer
 (issue 44: ``TracerArrayConversionError`` on NumPy data). One body for every kernel, the two
-wrappers and each kind of data; in CI every kind runs on the representative kernels of
-``tests/test_mcmc_conformance.py`` and NumPy data on every kernel, the rest with ``-m slow``.
+wrappers and each kind of data; in CI NumPy data run on every kernel and each other kind on the
+kernels of ``CI_KINDS``, the rest with ``-m slow``.
 """
 
 
@@ -78,13 +78,19 @@ def _gibbs(m, **kw):
 RUNS = [(e.make, name, e.marks, model) for name, e in REGISTRY.items()] + [
     (_gibbs, "SGWithinGibbs", (), hierarchical_model)]
 KINDS = ("numpy", "large-numpy", "pandas", "memmap", "jax")
+#: the kernels each other kind of data runs on in CI (NumPy data runs on every kernel). The kind
+#: decides the driver's data path (read in place, memory-mapped, converted), which is the same
+#: for every kernel; each representative kernel meets at least one other kind, and SGWithinGibbs,
+#: which reads its groups' rows itself, meets each kind that is read in place.
+CI_KINDS = {"large-numpy": ("SGWithinGibbs", "VariationalEM", "IASG-diag"),
+            "memmap": ("SGWithinGibbs", "SGLD", "ConstantSGD-full-momentum"),
+            "pandas": ("EWSGVR",), "jax": ("ConstantSGD-full-momentum", "SGLD-CV")}
 
 
 def _cases():
     for make, name, marks, m in RUNS:
         for kind in KINDS:
-            # NumPy data on every kernel; every kind on the representative ones and SGWithinGibbs
-            quick = kind == "numpy" or name == "SGWithinGibbs" or REGISTRY[name].representative
+            quick = kind == "numpy" or name in CI_KINDS[kind]
             yield pytest.param(make, m, kind, id=f"{kind}-{name}",
                                marks=[*marks] if quick else [*marks, pytest.mark.slow])
 

@@ -167,10 +167,14 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_every_control_variate_kernel_finishes_at_d55_with_two_vectorized_chains():
+# in CI the default control-variate kernel; the others with -m slow (the jaxpr check above covers
+# every factoring kernel in CI)
+@pytest.mark.parametrize("names", [pytest.param(["SGLD"], id="SGLD"),
+                                   pytest.param(["SGHMC", "EWSG", "OverdampedEWSG"], id="others",
+                                                marks=pytest.mark.slow)])
+def test_every_control_variate_kernel_finishes_at_d55_with_two_vectorized_chains(names):
     """End to end, on XLA:CPU's thread pool as a user runs it (its own process, so that a hang is
     a timeout of this test, not of the suite)."""
-    names = ["SGHMC", "SGLD", "EWSG", "OverdampedEWSG"]
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     try:
         out = subprocess.run([sys.executable, "-c", SCRIPT, *names], capture_output=True, text=True, timeout=420,

@@ -161,6 +161,8 @@ def test_two_processes_each_with_half_the_rows():
     assert np.all(np.abs(w0.std(0) / sd - 1) < 0.35), w0.std(0) / sd
 
 
+@pytest.mark.slow  # two pairs of processes (about 2 min in CI); the streamed control-variate test below
+# checks each process's own-row reads in the suite
 def test_two_processes_stream_their_own_rows_of_one_file(tmp_path):
     """Both processes open the same .npy files (``numpyro_sgd.stream``: memory-mapped, never read
     whole). Under ``mesh=`` each device's minibatch rows (S/2 = 10 a step) are read by the process
@@ -193,7 +195,10 @@ def _poisson_laplace(n=100_000, d=10):
     return w, np.sqrt(np.diag(np.linalg.inv(X.T @ (X * mu[:, None]) + np.eye(d))))
 
 
-@pytest.mark.parametrize("streamed", [False, True])
+# in CI the streamed case (the reduction across processes, and each process reading its own rows);
+# arrays held by each process (make_array_from_process_local_data) run with -m slow, and under
+# ConstantSGD in test_two_processes_each_with_half_the_rows
+@pytest.mark.parametrize("streamed", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_control_variates_in_two_processes_match_the_laplace_posterior(streamed, tmp_path):
     """``SGLD(model, control_variates=True, mesh=mesh)`` in two processes (issue 58), each holding
     its half of a Poisson regression's 10⁵ rows (D = 10): the centre's passes are reduced across
