@@ -61,7 +61,8 @@ def test_every_exported_kernel_is_registered():
 
 
 def test_the_protocol_tests_are_found():
-    assert {"test_two_chains", "test_continuation_and_pickling", "test_print_summary_and_arviz"} <= set(PROTOCOL)
+    assert {"test_two_chains", "test_continuation_pickling_and_diagnostics_string",
+            "test_print_summary_and_arviz"} <= set(PROTOCOL)
 
 
 @pytest.mark.parametrize("test_name", PROTOCOL)

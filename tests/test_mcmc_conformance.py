@@ -84,10 +84,12 @@ def test_same_key_same_samples_and_different_key_different(make, passes):
 
 
 @pytest.mark.parametrize("make, passes", KERNELS_AND_VEM)
-def test_continuation_and_pickling(make, passes):
+def test_continuation_pickling_and_diagnostics_string(make, passes):
     mcmc = _mcmc(make)
     mcmc.run(jax.random.key(3), Y)
     first = mcmc.get_samples()["mu"]
+    text = mcmc.sampler.get_diagnostics_str(mcmc.last_state)  # the progress bar's text
+    assert "passes" in text and "0 divergences" in text
     mcmc.post_warmup_state = mcmc.last_state
     mcmc.run(mcmc.post_warmup_state.rng_key, Y)
     assert int(mcmc.last_state.i) == 140  # 60 warmup + 40 + 40 continued steps
@@ -131,13 +133,6 @@ def test_print_summary_and_arviz(make, passes, capsys):
     assert idata["log_likelihood"]["obs"].shape == (2, 40, N)
     assert idata["observed_data"]["obs"].shape == (N,)
 
-
-@pytest.mark.parametrize("make, passes", KERNELS_AND_VEM)
-def test_diagnostics_string(make, passes):
-    mcmc = _mcmc(make)
-    mcmc.run(jax.random.key(8), Y)
-    text = mcmc.sampler.get_diagnostics_str(mcmc.last_state)
-    assert "passes" in text and "0 divergences" in text
 
 
 def test_non_finite_steps_are_rejected_and_reported():
