@@ -67,11 +67,12 @@ def child(args):
             exported = export.deserialize(blob)
             call = jax.jit(lambda *leaves: exported.call(*leaves))
             return lambda *a: jax.tree.unflatten(out_tree, call(*jax.tree.leaves(a)))
-        loop = make()  # the first process: run as usual, then export the same function
+        loop, program = make(), get(self, key, make, arrays, options)  # the first process: run as usual,
+        # then export the same function
 
         def run(*a):
             leaves, tree = jax.tree.flatten(a)
-            out = get(self, key, make, arrays, options)(*a)
+            out = program(*a)
             flat = jax.jit(lambda *leaves: jax.tree.leaves(loop(*jax.tree.unflatten(tree, leaves))))
             with open(path, "wb") as f:
                 pickle.dump((export.export(flat)(*leaves).serialize(), jax.tree.structure(out)), f)

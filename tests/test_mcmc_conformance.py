@@ -134,7 +134,6 @@ def test_print_summary_and_arviz(make, passes, capsys):
     assert idata["observed_data"]["obs"].shape == (N,)
 
 
-
 def test_non_finite_steps_are_rejected_and_reported():
     """A step size far beyond stability overflows: those steps are not taken, counted, and the
     samples stay finite (never NaN)."""
